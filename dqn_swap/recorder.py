@@ -1,0 +1,373 @@
+"""Record one real training iteration as a trace of memory operations.
+
+:func:`record_trace` runs forward, backward and the optimizer step of any
+``torch.nn.Module`` under a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+that sees every aten operation (section 3 of the DQN paper: the sequence of
+malloc / write / read / free).  For each op it records:
+
+* a ``read`` of every input storage, a ``malloc`` + ``write`` for every new
+  output storage, a ``write`` for every storage the op mutates in place
+  (from the op schema's alias annotations);
+* the ``free`` of a storage when its last holder dies.  Holders are the
+  Python tensor objects that refer to the storage (tracked with
+  ``weakref.finalize``; PyTorch keeps a tensor's Python object alive as long
+  as its C++ tensor lives) and the objects our
+  ``saved_tensors_hooks`` pack hook returns, which are autograd's only
+  reference to a saved activation;
+* FLOPs from :data:`torch.utils.flop_counter.flop_registry`, bytes moved,
+  phase, module path (:class:`torch.utils.module_tracker.ModuleTracker`),
+  and the op's duration: the device profile's roofline, or on CUDA the median
+  of CUDA-event timings over several iterations.
+
+Pure view ops (``view``, ``t``, ``detach`` ...) touch no memory and are not
+recorded as ops.  Views share their base storage, so a tensor in the trace is
+a storage.  One warm-up iteration runs first so that lazily created state
+(optimizer moments, cuDNN workspaces) exists before the recorded one, as in a
+steady-state training loop; gradients are reset with ``set_to_none`` before
+the recorded iteration.
+
+On the ``meta`` device nothing is allocated and nothing is computed, so
+ResNet-1001 at batch 256 records on a laptop; only data-dependent ops
+(``nonzero``, ``.item()``) cannot run there.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+from torch.utils.module_tracker import ModuleTracker
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from .trace import Phase, Role, Trace, TraceBuilder
+
+LossFn = Callable[[Any], torch.Tensor]
+OptimizerArg = torch.optim.Optimizer | Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] | None
+
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes.
+_CUDA_BLOCK = 512
+
+
+class RecordingError(RuntimeError):
+    """The model could not be recorded; the message says which op or step failed."""
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def _mutated_args(func: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the schema arguments an op writes in place (``Tensor(a!)``)."""
+    return tuple(i for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+class _Recorder(TorchDispatchMode):
+    """Dispatch mode turning aten ops into trace events."""
+
+    def __init__(self, builder: TraceBuilder, device: torch.device, time_ops: bool) -> None:
+        super().__init__()
+        self.b = builder
+        self.device_type = device.type
+        self.block = _CUDA_BLOCK if device.type == "cuda" else 1
+        self.time_ops = time_ops
+        self.phase = Phase.FORWARD
+        self.tracker: ModuleTracker | None = None
+        self.live: dict[int, int] = {}  # storage key -> tensor id of the live storage
+        self.holders: dict[int, int] = {}  # tensor id -> number of live holders
+        self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor object -> tensor id
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.op_bytes: list[float] = []
+        self.mutates: dict[torch._ops.OpOverload, tuple[int, ...]] = {}
+        self.active = True
+        self.error_op: str | None = None
+
+    # ------------------------------------------------------------ storages
+    def on_device(self, tree: Any) -> list[torch.Tensor]:
+        """Tensors of ``tree`` on the recorded device (host tensors use no GPU memory)."""
+        return [t for t in _tensors(tree) if t.device.type == self.device_type]
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        n = t.untyped_storage().nbytes()
+        return -(-n // self.block) * self.block
+
+    def tid_of(self, t: torch.Tensor, role: Role = Role.INPUT) -> int:
+        """Tensor id of ``t``'s storage; an unknown storage existed before the iteration."""
+        tid = self.seen.get(t)
+        if tid is not None:
+            return tid
+        key = t.untyped_storage()._cdata
+        tid = self.live.get(key)
+        if tid is None:
+            tid = self.b.tensor(self.nbytes(t), role, preexisting=True)
+            self.live[key] = tid
+            self.holders[tid] = 0
+        self.hold(t, tid, key)
+        return tid
+
+    def hold(self, obj: Any, tid: int, key: int) -> None:
+        """Count ``obj`` as a holder of storage ``tid``; its death may free the storage."""
+        if isinstance(obj, torch.Tensor):
+            self.seen[obj] = tid
+        self.holders[tid] += 1
+        weakref.finalize(obj, self.release, tid, key)
+
+    def release(self, tid: int, key: int) -> None:
+        self.holders[tid] -= 1
+        if self.holders[tid] == 0 and self.active:
+            self.b.free(tid)
+            if self.live.get(key) == tid:
+                del self.live[key]
+
+    def new_output(self, t: torch.Tensor) -> tuple[int, bool]:
+        """Tensor id of an op output and whether its storage is new."""
+        key = t.untyped_storage()._cdata
+        tid = self.live.get(key)
+        if tid is not None:
+            if t not in self.seen:
+                self.hold(t, tid, key)
+            return tid, False
+        tid = self.b.tensor(self.nbytes(t), Role.TEMPORARY)
+        self.live[key] = tid
+        self.holders[tid] = 0
+        self.hold(t, tid, key)
+        return tid, True
+
+    # ------------------------------------------------------------- dispatch
+    def module_path(self) -> str:
+        if self.tracker is None:
+            return ""
+        names = [p for p in self.tracker.parents if p != "Global"]
+        if not names:
+            return ""
+        deepest = max(names, key=lambda p: p.count("."))
+        return deepest.split(".", 1)[1] if "." in deepest else ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        inputs = self.on_device((args, kwargs))
+        if self.time_ops:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            self.error_op = f"{func} in {self.module_path() or 'the model'} ({self.phase.name.lower()})"
+            raise RecordingError(f"{self.error_op} failed: {type(e).__name__}: {e}") from e
+        if self.time_ops:
+            end.record()
+        outputs = self.on_device(out)
+        if not inputs and not outputs:  # host-side bookkeeping (optimizer step counters)
+            return out
+        if func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default):
+            for o in outputs:  # a view holds its base storage alive
+                self.new_output(o)
+            return out
+        reads = [self.tid_of(t) for t in inputs]
+        if func not in self.mutates:
+            self.mutates[func] = _mutated_args(func)
+        written = []
+        for i in self.mutates[func]:
+            arg = args[i] if i < len(args) else kwargs.get(func._schema.arguments[i].name)
+            written += [self.tid_of(t) for t in self.on_device(arg)]
+        fresh = []
+        for o in outputs:
+            tid, new = self.new_output(o)
+            (fresh if new else written).append(tid)
+        flops = 0.0
+        packet = func._overloadpacket
+        if packet in flop_registry:
+            flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
+        self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
+                  flops=flops, bytes_moved=moved, module=self.module_path())
+        if self.time_ops:
+            self.events.append((start, end))
+        return out
+
+    # -------------------------------------------------- saved-tensor hooks
+    def pack(self, t: torch.Tensor) -> "_Saved | torch.Tensor":
+        if t.device.type != self.device_type:
+            return t
+        tid = self.tid_of(t)
+        self.b.mark_saved(tid)
+        holder = _Saved(t)
+        self.holders[tid] += 1
+        weakref.finalize(holder, self.release, tid, t.untyped_storage()._cdata)
+        return holder
+
+    @staticmethod
+    def unpack(holder: "_Saved | torch.Tensor") -> torch.Tensor:
+        return holder.tensor if isinstance(holder, _Saved) else holder
+
+
+class _Saved:
+    """What autograd keeps for a saved tensor while recording."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _make_optimizer(optimizer: OptimizerArg, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    return optimizer(model.parameters())
+
+
+def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
+               opt: torch.optim.Optimizer | None, recorder: _Recorder | None) -> None:
+    """One training iteration; with a recorder, phases are marked as they begin."""
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+    else:
+        model.zero_grad(set_to_none=True)
+    if recorder is None:
+        out = model(*inputs)
+        if loss_fn is not None:
+            loss_fn(out).backward()
+        if opt is not None:
+            opt.step()
+        return
+    with ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
+            recorder.pack, recorder.unpack):
+        recorder.tracker = tracker
+        recorder.phase = Phase.FORWARD
+        out = model(*inputs)
+        if loss_fn is not None:
+            loss = loss_fn(out)
+            recorder.phase = Phase.BACKWARD
+            loss.backward()
+            del loss
+        recorder.phase = Phase.OPTIMIZER
+        if opt is not None:
+            opt.step()
+        del out  # the output dies at the end of the iteration, as in a training loop
+
+
+def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | None = None,
+                 optimizer: OptimizerArg = None, *, device: str | torch.device | None = None,
+                 profile: str | DeviceProfile | None = None, iterations: int = 5,
+                 meta: dict[str, Any] | None = None) -> Trace:
+    """Record one training iteration of ``model`` as a :class:`~dqn_swap.trace.Trace`.
+
+    Args:
+        model: any module.  It is trained for real: a warm-up iteration and the
+            recorded one(s) update its weights.  If ``device`` differs from the
+            model's, a copy is moved there and the original is left untouched.
+        example_inputs: a tensor or a tuple of positional arguments.
+        loss_fn: maps the model's output to a scalar loss (targets closed over);
+            ``None`` records a forward-only iteration (K-means).
+        optimizer: an optimizer over ``model``'s parameters, a factory
+            ``params -> optimizer`` (required when the model is copied to
+            another device), or ``None`` for no optimizer step.
+        device: ``"meta"`` (no memory, times from ``profile``), ``"cpu"`` or
+            ``"cuda"`` (times measured with CUDA events).
+        profile: device profile for op times and, later, transfers.
+        iterations: on CUDA, timed iterations whose median op time is kept.
+        meta: extra fields stored in the trace's metadata.
+
+    Returns:
+        The trace of the last recorded iteration.
+
+    Raises:
+        RecordingError: the model raised; the message names the op or step.
+    """
+    params = list(model.parameters()) + list(model.buffers())
+    model_device = params[0].device if params else torch.device("cpu")
+    device = torch.device(device) if device is not None else model_device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RecordingError("device 'cuda' requested but no CUDA GPU is available")
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    if device != model_device:
+        if isinstance(optimizer, torch.optim.Optimizer):
+            raise RecordingError("to record on another device, pass the optimizer as a factory "
+                                 "(params -> optimizer), not an instance bound to the original model")
+        model = copy.deepcopy(model).to(device)
+        example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
+    if profile is None or isinstance(profile, str):
+        profile = get_profile(profile or DEFAULT_PROFILE)
+    opt = _make_optimizer(optimizer, model)
+    model.train()
+
+    time_ops = device.type == "cuda"
+    try:
+        _iteration(model, example_inputs, loss_fn, opt, None)  # warm-up: lazy state appears
+    except Exception as e:
+        raise RecordingError(f"the model failed in its warm-up iteration: {type(e).__name__}: {e}") from e
+    runs = iterations if time_ops else 1
+    durations: list[np.ndarray] = []
+    recorder = None
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        builder = TraceBuilder()
+        recorder = _Recorder(builder, device, time_ops)
+        _register_state(recorder, model, opt, example_inputs)
+        if time_ops:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            _iteration(model, example_inputs, loss_fn, opt, recorder)
+        except RecordingError:
+            raise
+        except Exception as e:
+            raise RecordingError(f"the model failed while recording: {type(e).__name__}: {e}") from e
+        _assign_roles(recorder, model, opt)
+        if time_ops:
+            torch.cuda.synchronize()  # events must have completed before reading them
+            durations.append(np.array([s.elapsed_time(e) * 1e-3 for s, e in recorder.events]))
+    recorder.active = False  # tensors dying after the iteration are not part of it
+    assert recorder is not None
+    b = recorder.b
+    record_seconds = time.perf_counter() - t0
+    trace_meta = {"device": device.type, "profile": profile.name, "recorded_iterations": runs,
+                  "record_seconds": record_seconds, "torch": torch.__version__, **(meta or {})}
+    trace = b.build(trace_meta)
+    if time_ops:
+        if len({len(d) for d in durations}) == 1:
+            measured = np.median(np.stack(durations), axis=0)
+        else:  # the graph changed between iterations (stochastic depth): keep the last one's times
+            measured = durations[-1]
+        trace = trace.with_durations(measured, timing="cuda-events",
+                                     max_memory_allocated=int(torch.cuda.max_memory_allocated(device)))
+    else:
+        trace = trace.with_durations(profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
+                                     timing="roofline")
+    return trace
+
+
+def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None,
+                    inputs: tuple) -> None:
+    """Declare the storages alive before the iteration, with their roles."""
+    for p in recorder.on_device([*model.parameters(), *model.buffers()]):
+        recorder.tid_of(p, Role.PARAMETER)
+    if opt is not None:
+        for state in opt.state.values():
+            for t in recorder.on_device(state):
+                recorder.tid_of(t, Role.OPTIMIZER_STATE)
+    for t in recorder.on_device(inputs):
+        recorder.tid_of(t, Role.INPUT)
+
+
+def _assign_roles(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
+    """Gradients are known once backward ran; packed temporaries are saved activations."""
+    b = recorder.b
+    for p in model.parameters():
+        if p.grad is not None:
+            tid = recorder.live.get(p.grad.untyped_storage()._cdata)
+            if tid is not None and b.t_alloc[tid] != -1:
+                b.set_role(tid, Role.GRADIENT)
+    for tid in b.saved:
+        if b.t_role[tid] == Role.TEMPORARY:
+            b.set_role(tid, Role.SAVED)

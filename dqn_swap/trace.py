@@ -1,0 +1,476 @@
+"""The trace: one training iteration as a sequence of GPU memory operations.
+
+Section 3 and 4.2 of the DQN paper (Chen, "GPU memory management for neural
+networks using deep Q-network") describe an iteration as a sequence of memory
+operations ``malloc``, ``write``, ``read`` and ``free``, each on one variable,
+with its size and the time it begins.  A :class:`Trace` holds exactly that, in
+three column tables, so that 200k events load and simulate quickly:
+
+* **ops** -- the aten operations in execution order: name, phase (forward,
+  backward, optimizer), module path, FLOPs, bytes moved and duration (seconds,
+  from a device profile or measured with CUDA events).
+* **tensors** -- one row per storage (views share their base storage): bytes,
+  role (parameter, gradient, optimizer state, input, saved activation,
+  temporary), the op that allocated it (``-1`` when it existed before the
+  iteration), the op after which it was freed (``-1`` when it outlives the
+  iteration) and its first index in autograd's saved-tensor packing order
+  (``-1`` when never saved for backward).
+* **events** -- the memory operations: kind, op, tensor.  Within an op the
+  order is malloc of outputs, read of inputs, write of outputs, then frees
+  that happened when the op finished.  Event times derive from op durations:
+  ``malloc`` and ``read`` at the op's start, ``write`` and ``free`` at its end.
+
+A separate table ``saved`` lists, in packing order, the tensor packed by every
+``pack_hook`` call of ``torch.autograd.graph.saved_tensors_hooks``; the runtime
+uses that order to find the same tensor in a live iteration.
+
+File format (``.trace``, version 1): a NumPy ``.npz`` archive (zip), loaded
+with ``allow_pickle=False``, so a trace received from elsewhere cannot run
+code.  It holds the column arrays named in :data:`_ARRAYS` and ``meta``, a
+UTF-8 JSON document (format, version, op and module name tables, recording
+details).  Any other version is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "dqn-swap-trace"
+VERSION = 1
+
+
+class EventKind(enum.IntEnum):
+    MALLOC = 0
+    WRITE = 1
+    READ = 2
+    FREE = 3
+
+
+class Phase(enum.IntEnum):
+    FORWARD = 0
+    BACKWARD = 1
+    OPTIMIZER = 2
+
+
+class Role(enum.IntEnum):
+    PARAMETER = 0
+    GRADIENT = 1
+    OPTIMIZER_STATE = 2
+    INPUT = 3
+    SAVED = 4  # an activation autograd saved for backward
+    TEMPORARY = 5
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used; the message is one line naming the file."""
+
+
+# name -> dtype of every column array in the file.
+_ARRAYS: dict[str, np.dtype] = {
+    "op_name": np.dtype(np.int32),
+    "op_phase": np.dtype(np.int8),
+    "op_module": np.dtype(np.int32),
+    "op_flops": np.dtype(np.float64),
+    "op_bytes": np.dtype(np.float64),
+    "op_duration": np.dtype(np.float64),
+    "tensor_nbytes": np.dtype(np.int64),
+    "tensor_role": np.dtype(np.int8),
+    "tensor_alloc_op": np.dtype(np.int32),
+    "tensor_free_op": np.dtype(np.int32),
+    "tensor_saved_index": np.dtype(np.int32),
+    "event_kind": np.dtype(np.int8),
+    "event_op": np.dtype(np.int32),
+    "event_tensor": np.dtype(np.int32),
+    "saved": np.dtype(np.int32),
+}
+
+
+@dataclass(eq=False)
+class Trace:
+    """One recorded training iteration; see the module docstring for the tables."""
+
+    op_name: np.ndarray
+    op_phase: np.ndarray
+    op_module: np.ndarray
+    op_flops: np.ndarray
+    op_bytes: np.ndarray
+    op_duration: np.ndarray
+    tensor_nbytes: np.ndarray
+    tensor_role: np.ndarray
+    tensor_alloc_op: np.ndarray
+    tensor_free_op: np.ndarray
+    tensor_saved_index: np.ndarray
+    event_kind: np.ndarray
+    event_op: np.ndarray
+    event_tensor: np.ndarray
+    saved: np.ndarray
+    op_names: list[str] = field(default_factory=list)
+    module_names: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, dtype in _ARRAYS.items():
+            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n_ops(self) -> int:
+        return len(self.op_name)
+
+    @property
+    def n_tensors(self) -> int:
+        return len(self.tensor_nbytes)
+
+    @property
+    def n_events(self) -> int:
+        return len(self.event_kind)
+
+    # ----------------------------------------------------------------- timing
+    @cached_property
+    def op_start(self) -> np.ndarray:
+        """Start time of every op when nothing is swapped or recomputed."""
+        start = np.zeros(self.n_ops, dtype=np.float64)
+        np.cumsum(self.op_duration[:-1], out=start[1:])
+        return start
+
+    @property
+    def compute_time(self) -> float:
+        return float(self.op_duration.sum())
+
+    @cached_property
+    def event_time(self) -> np.ndarray:
+        """Time of every event: malloc/read at the op's start, write/free at its end."""
+        start = self.op_start[self.event_op]
+        at_end = (self.event_kind == EventKind.WRITE) | (self.event_kind == EventKind.FREE)
+        return start + np.where(at_end, self.op_duration[self.event_op], 0.0)
+
+    # ----------------------------------------------------------------- memory
+    @cached_property
+    def initial_bytes(self) -> int:
+        """Bytes alive before the first op (parameters, optimizer state, inputs)."""
+        return int(self.tensor_nbytes[self.tensor_alloc_op < 0].sum())
+
+    @cached_property
+    def memory_after_event(self) -> np.ndarray:
+        """Bytes allocated right after each event, without any plan."""
+        sign = np.zeros(self.n_events, dtype=np.int64)
+        sign[self.event_kind == EventKind.MALLOC] = 1
+        sign[self.event_kind == EventKind.FREE] = -1
+        return self.initial_bytes + np.cumsum(sign * self.tensor_nbytes[self.event_tensor])
+
+    @cached_property
+    def op_memory(self) -> np.ndarray:
+        """Peak bytes allocated while each op runs (inputs and outputs both alive)."""
+        mem = self.memory_after_event
+        peak = np.full(self.n_ops, self.initial_bytes, dtype=np.int64)
+        # Frees are the last events of an op; the peak of the op is before them.
+        not_free = self.event_kind != EventKind.FREE
+        np.maximum.at(peak, self.event_op[not_free], mem[not_free])
+        # An op with no malloc still holds what was alive before it.
+        before = np.concatenate([[self.initial_bytes], mem])
+        first = np.searchsorted(self.event_op, np.arange(self.n_ops), side="left")
+        np.maximum(peak, before[first], out=peak)
+        return peak
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.op_memory.max()) if self.n_ops else self.initial_bytes
+
+    @property
+    def peak_op(self) -> int:
+        return int(self.op_memory.argmax()) if self.n_ops else -1
+
+    @cached_property
+    def persistent_bytes(self) -> int:
+        """Bytes no plan can move: parameters, gradients and optimizer state.
+
+        Inputs count too: the first op reads them.  Gradients are written in
+        backward and live through the optimizer step.
+        """
+        keep = np.isin(self.tensor_role, [Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT])
+        return int(self.tensor_nbytes[keep].sum())
+
+    @cached_property
+    def op_working_set(self) -> np.ndarray:
+        """Bytes each op needs resident at once: its inputs and outputs (distinct storages)."""
+        ws = np.zeros(self.n_ops, dtype=np.int64)
+        ev = self.event_kind != EventKind.FREE
+        pairs = np.unique(np.stack([self.event_op[ev], self.event_tensor[ev]]), axis=1)
+        np.add.at(ws, pairs[0], self.tensor_nbytes[pairs[1]])
+        return ws
+
+    @property
+    def minimum_memory(self) -> int:
+        """A lower bound on the memory any plan needs.
+
+        The largest single-op working set on top of the persistent state (the
+        working set's own persistent tensors counted once).
+        """
+        keep = np.isin(self.tensor_role, [Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT])
+        ev = self.event_kind != EventKind.FREE
+        pairs = np.unique(np.stack([self.event_op[ev], self.event_tensor[ev]]), axis=1)
+        transient = np.zeros(self.n_ops, dtype=np.int64)
+        sel = ~keep[pairs[1]]
+        np.add.at(transient, pairs[0][sel], self.tensor_nbytes[pairs[1][sel]])
+        return self.persistent_bytes + int(transient.max(initial=0))
+
+    @cached_property
+    def saved_bytes(self) -> int:
+        return int(self.tensor_nbytes[self.tensor_role == Role.SAVED].sum())
+
+    # ------------------------------------------------------------- identity
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of the structure and costs of the trace; plans carry it."""
+        h = hashlib.sha256()
+        for name in _ARRAYS:
+            h.update(name.encode())
+            h.update(getattr(self, name).tobytes())
+        h.update(json.dumps([self.op_names, self.module_names]).encode())
+        return h.hexdigest()[:16]
+
+    def op_label(self, op: int) -> str:
+        """Human-readable name of an op, e.g. ``#12 aten.convolution (layer1.0.conv1, forward)``."""
+        module = self.module_names[self.op_module[op]] or "<top>"
+        return f"#{op} {self.op_names[self.op_name[op]]} ({module}, {Phase(self.op_phase[op]).name.lower()})"
+
+    def with_durations(self, durations: np.ndarray, **meta: Any) -> "Trace":
+        """The same trace with other op durations (another device profile)."""
+        arrays = {name: getattr(self, name) for name in _ARRAYS}
+        arrays["op_duration"] = np.asarray(durations, dtype=np.float64)
+        return Trace(**arrays, op_names=self.op_names, module_names=self.module_names,
+                     meta={**self.meta, **meta})
+
+    # ----------------------------------------------------------------- files
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write the trace; refuses to replace an existing file unless ``overwrite``."""
+        path = Path(path)
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"{path}: already exists (pass overwrite=True / --force to replace it)")
+        meta = {"format": FORMAT, "version": VERSION, "op_names": self.op_names,
+                "module_names": self.module_names, **self.meta}
+        meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, meta=meta_bytes, **{n: getattr(self, n) for n in _ARRAYS})
+        os.replace(tmp, path)  # never leave a half-written trace under the real name
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Trace":
+        """Read a trace file; any problem raises :class:`TraceError` with one line."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if "meta" not in z.files:
+                    raise TraceError(f"{path}: not a dqn-swap trace (no metadata)")
+                meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+                if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                    raise TraceError(f"{path}: not a dqn-swap trace")
+                if meta.get("version") != VERSION:
+                    raise TraceError(f"{path}: trace format version {meta.get('version')} "
+                                     f"is not supported (this dqn-swap reads version {VERSION})")
+                missing = [n for n in _ARRAYS if n not in z.files]
+                if missing:
+                    raise TraceError(f"{path}: corrupt trace, missing arrays {', '.join(missing)}")
+                arrays = {n: z[n] for n in _ARRAYS}
+        except TraceError:
+            raise
+        except FileNotFoundError:
+            raise TraceError(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise TraceError(f"{path}: is a directory, not a trace file") from None
+        except PermissionError:
+            raise TraceError(f"{path}: permission denied") from None
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, UnicodeDecodeError) as e:
+            raise TraceError(f"{path}: corrupt or truncated trace file ({type(e).__name__}: {e})") from None
+        op_names = meta.pop("op_names", [])
+        module_names = meta.pop("module_names", [])
+        meta.pop("format"), meta.pop("version")
+        trace = cls(**arrays, op_names=op_names, module_names=module_names, meta=meta)
+        trace.validate(str(path))
+        return trace
+
+    def validate(self, where: str = "trace") -> None:
+        """Check the tables agree with each other; raises :class:`TraceError`."""
+        def bad(msg: str) -> TraceError:
+            return TraceError(f"{where}: corrupt trace, {msg}")
+
+        n_ops, n_t, n_e = self.n_ops, self.n_tensors, self.n_events
+        for prefix, n in (("op_", n_ops), ("tensor_", n_t), ("event_", n_e)):
+            for name in _ARRAYS:
+                if name.startswith(prefix) and len(getattr(self, name)) != n:
+                    raise bad(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
+        if n_e and (self.event_op.min() < 0 or self.event_op.max() >= n_ops):
+            raise bad("event refers to an op out of range")
+        if n_e and (self.event_tensor.min() < 0 or self.event_tensor.max() >= n_t):
+            raise bad("event refers to a tensor out of range")
+        if n_e and np.any(np.diff(self.event_op) < 0):
+            raise bad("events are not in op order")
+        if n_ops and (self.op_name.min() < 0 or self.op_name.max() >= len(self.op_names)):
+            raise bad("op name index out of range")
+        if n_ops and (self.op_module.min() < 0 or self.op_module.max() >= len(self.module_names)):
+            raise bad("module index out of range")
+        if np.any(self.tensor_nbytes < 0) or np.any(self.op_duration < 0):
+            raise bad("negative size or duration")
+        if len(self.saved) and (self.saved.min() < 0 or self.saved.max() >= n_t):
+            raise bad("saved-tensor table refers to a tensor out of range")
+
+    # -------------------------------------------------------------- summary
+    def summary(self) -> dict[str, Any]:
+        """The figures ``dqn-swap inspect`` prints."""
+        peak_op = self.peak_op
+        return {
+            "model": self.meta.get("model"),
+            "batch_size": self.meta.get("batch_size"),
+            "device": self.meta.get("device"),
+            "profile": self.meta.get("profile"),
+            "fingerprint": self.fingerprint,
+            "events": self.n_events,
+            "ops": self.n_ops,
+            "tensors": self.n_tensors,
+            "ops_per_phase": {p.name.lower(): int((self.op_phase == p).sum()) for p in Phase},
+            "peak_bytes": self.peak_bytes,
+            "peak_op": self.op_label(peak_op) if peak_op >= 0 else None,
+            "compute_time_s": self.compute_time,
+            "saved_activation_bytes": self.saved_bytes,
+            "persistent_bytes": self.persistent_bytes,
+            "minimum_memory_bytes": self.minimum_memory,
+        }
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def parse_bytes(text: str) -> int:
+    """Parse ``8GiB``, ``512 MB``, ``1e9`` into bytes (binary and decimal units)."""
+    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+             "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+             "tb": 1000**4, "tib": 1024**4}
+    s = text.strip().lower().replace(" ", "").replace("_", "")
+    i = len(s)
+    while i > 0 and s[i - 1].isalpha():
+        i -= 1
+    number, unit = s[:i], s[i:]
+    if unit not in units:
+        raise ValueError(f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (examples: 8GiB, 512MB, 1e9)") from None
+    if value < 0:
+        raise ValueError(f"size must not be negative: {text!r}")
+    return int(value)
+
+
+class TraceBuilder:
+    """Builds a :class:`Trace` op by op; used by the recorder and by tests.
+
+    >>> b = TraceBuilder()
+    >>> w = b.tensor(64, Role.PARAMETER, preexisting=True)
+    >>> x = b.tensor(32, Role.INPUT, preexisting=True)
+    >>> y = b.op("aten.mm", Phase.FORWARD, reads=[x, w], outputs=[b.tensor(16, Role.SAVED)], duration=1.0)
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[str, int] = {}
+        self._modules: dict[str, int] = {"": 0}
+        self.ops: list[tuple[int, int, int, float, float, float]] = []
+        self.t_nbytes: list[int] = []
+        self.t_role: list[int] = []
+        self.t_alloc: list[int] = []
+        self.t_free: list[int] = []
+        self.t_saved: list[int] = []
+        self.events: list[tuple[int, int, int]] = []
+        self.saved: list[int] = []
+        self._pending_free: list[int] = []
+
+    def tensor(self, nbytes: int, role: Role = Role.TEMPORARY, *, preexisting: bool = False) -> int:
+        """Declare a storage; a preexisting one is alive before the first op."""
+        self.t_nbytes.append(int(nbytes))
+        self.t_role.append(int(role))
+        self.t_alloc.append(-1 if preexisting else -2)  # -2: not yet allocated
+        self.t_free.append(-1)
+        self.t_saved.append(-1)
+        return len(self.t_nbytes) - 1
+
+    def op(self, name: str, phase: Phase, *, reads: "list[int] | tuple[int, ...]" = (),
+           outputs: "list[int] | tuple[int, ...]" = (), writes: "list[int] | tuple[int, ...]" = (),
+           frees: "list[int] | tuple[int, ...]" = (), duration: float = 0.0, flops: float = 0.0,
+           bytes_moved: float = 0.0, module: str = "") -> int:
+        """Append an op: malloc+write ``outputs``, read ``reads``, write ``writes`` (in place),
+        then free ``frees`` and any frees queued with :meth:`free`."""
+        i = len(self.ops)
+        name_id = self._names.setdefault(name, len(self._names))
+        module_id = self._modules.setdefault(module, len(self._modules))
+        self.ops.append((name_id, int(phase), module_id, float(flops), float(bytes_moved), float(duration)))
+        for t in outputs:
+            if self.t_alloc[t] != -2:
+                raise ValueError(f"tensor {t} allocated twice")
+            self.t_alloc[t] = i
+            self.events.append((EventKind.MALLOC, i, t))
+        for t in dict.fromkeys(reads):
+            self.events.append((EventKind.READ, i, t))
+        for t in dict.fromkeys([*outputs, *writes]):
+            self.events.append((EventKind.WRITE, i, t))
+        self._pending_free.extend(frees)
+        self.flush_frees()
+        return i
+
+    def free(self, t: int) -> None:
+        """Free ``t`` at the end of the last op (or of the next one, if none yet)."""
+        self._pending_free.append(t)
+        if self.ops:
+            self.flush_frees()
+
+    def flush_frees(self) -> None:
+        i = len(self.ops) - 1
+        for t in self._pending_free:
+            if self.t_free[t] != -1:
+                continue
+            self.t_free[t] = i
+            self.events.append((EventKind.FREE, i, t))
+        self._pending_free.clear()
+
+    def mark_saved(self, t: int) -> int:
+        """Record that autograd packed ``t``; returns its packing index."""
+        self.saved.append(t)
+        if self.t_saved[t] < 0:
+            self.t_saved[t] = len(self.saved) - 1
+        return len(self.saved) - 1
+
+    def set_role(self, t: int, role: Role) -> None:
+        self.t_role[t] = int(role)
+
+    def build(self, meta: "dict[str, Any] | None" = None) -> Trace:
+        ops = np.array(self.ops, dtype=np.float64).reshape(-1, 6)
+        ev = np.array(self.events, dtype=np.int64).reshape(-1, 3)
+        alloc = np.array(self.t_alloc, dtype=np.int32)
+        if np.any(alloc == -2):
+            raise ValueError("tensors declared but never allocated: "
+                             f"{np.flatnonzero(alloc == -2)[:10].tolist()}")
+        trace = Trace(
+            op_name=ops[:, 0], op_phase=ops[:, 1], op_module=ops[:, 2], op_flops=ops[:, 3],
+            op_bytes=ops[:, 4], op_duration=ops[:, 5],
+            tensor_nbytes=self.t_nbytes, tensor_role=self.t_role, tensor_alloc_op=alloc,
+            tensor_free_op=self.t_free, tensor_saved_index=self.t_saved,
+            event_kind=ev[:, 0], event_op=ev[:, 1], event_tensor=ev[:, 2], saved=self.saved,
+            op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
+        )
+        trace.validate("built trace")
+        return trace
