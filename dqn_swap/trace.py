@@ -271,6 +271,10 @@ class Trace:
         """Read a trace file; any problem raises :class:`TraceError` with one line."""
         path = Path(path)
         try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+            if magic != b"PK\x03\x04":  # every .npz is a zip archive
+                raise TraceError(f"{path}: not a dqn-swap trace file" + (" (empty file)" if not magic else ""))
             with np.load(path, allow_pickle=False) as z:
                 if "meta" not in z.files:
                     raise TraceError(f"{path}: not a dqn-swap trace (no metadata)")

@@ -1,0 +1,58 @@
+"""The ``dqn-swap`` command: one subcommand per workflow.
+
+Every subcommand lives in its own module with ``add_parser(subparsers)``,
+which registers it and sets ``func`` to the function that runs it.  Errors
+users can cause (bad names, files, limits) become one line on stderr and exit
+status 2; nothing they saved is overwritten without ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from . import inspect_cmd, record_cmd
+
+# Modules that add subcommands, in the order ``--help`` lists them.  Later
+# workflows (simulate, plan, compare, train, finetune, run) register here.
+SUBCOMMANDS = [record_cmd, inspect_cmd]
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dqn-swap",
+        description="Train networks larger than GPU memory: record one training iteration, "
+                    "plan which tensors to swap to host memory or recompute, and run the plan.",
+        epilog="Start with: dqn-swap record --model resnet50 --batch-size 64 -o r50.trace; "
+               "then dqn-swap inspect r50.trace.  Each subcommand has --help.")
+    parser.add_argument("--version", action="version", version=f"dqn-swap {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # output piped into `head`: not an error of ours
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("dqn-swap: interrupted", file=sys.stderr)
+        return 130
+    except (UserError, ValueError, OSError, RuntimeError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"dqn-swap {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Helpers shared by subcommands: progress, JSON output, loading inputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from ..trace import Trace, format_bytes
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def load_trace(path: str) -> Trace:
+    return Trace.load(path)
+
+
+def on_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def human(key: str, value: Any) -> str:
+    """Format a summary value for people: bytes as GiB/MiB, seconds with units."""
+    if value is None:
+        return "-"
+    if key.endswith("bytes") and isinstance(value, (int, float)):
+        return format_bytes(value)
+    if key.endswith("_s") and isinstance(value, (int, float)):
+        return f"{value * 1e3:.3f} ms" if value < 1 else f"{value:.3f} s"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)

@@ -1,0 +1,80 @@
+"""``dqn-swap record``: run one training iteration and save its memory trace."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+from ..cost import DEFAULT_PROFILE, PROFILES
+from .common import human, print_json, print_table
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..models import MODEL_NAMES
+
+    p = sub.add_parser(
+        "record", help="record one training iteration of a network as a memory trace",
+        description="Run one real training iteration (forward, backward, optimizer step) and save "
+                    "every GPU memory operation (malloc, write, read, free) to a trace file. "
+                    "On --device meta nothing is allocated, so networks far larger than this "
+                    "machine's memory record in seconds; op times then come from --profile.",
+        epilog="Example: dqn-swap record --model resnet50 --batch-size 64 --device meta "
+               "--profile v100-pcie3 -o r50.trace")
+    p.add_argument("--model", required=True,
+                   help=f"a zoo network ({', '.join(MODEL_NAMES)}) or your own, as "
+                        "'package.module:function' where function(batch_size, device) returns a "
+                        "dqn_swap.models.Workload")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    p.add_argument("--device", default="meta",
+                   help="meta (no memory, times from the profile; default), cpu, or cuda "
+                        "(times measured with CUDA events)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"device profile for op and transfer times: {', '.join(PROFILES)} "
+                        f"(default {DEFAULT_PROFILE}); 'measured' measures the local GPU")
+    p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
+    p.add_argument("-o", "--output", help="trace file to write (default MODEL-bBATCH.trace)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def load_workload(spec: str, batch_size: int, device: str, seed: int):
+    """A zoo workload by name, or a user's from ``module:function``."""
+    from ..models import build_workload
+
+    if ":" not in spec:
+        return build_workload(spec, batch_size, device, seed=seed)
+    module_name, _, fn_name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load model {spec!r}: {e}") from None
+    return fn(batch_size, device)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cost import measure_profile
+    from ..recorder import record_trace
+
+    if args.batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, not {args.batch_size}")
+    output = Path(args.output or f"{args.model.replace(':', '_')}-b{args.batch_size}.trace")
+    if output.exists() and not args.force:
+        raise FileExistsError(f"{output}: already exists (pass --force to replace it)")
+    if not output.parent.exists():
+        raise FileNotFoundError(f"{output}: directory {output.parent} does not exist")
+    profile = measure_profile(args.device) if args.profile == "measured" else args.profile
+    if isinstance(profile, str) and profile not in PROFILES:
+        raise ValueError(f"unknown device profile {profile!r}; choose one of: {', '.join(PROFILES)}")
+    workload = load_workload(args.model, args.batch_size, args.device, args.seed)
+    trace = record_trace(workload.model, workload.example_inputs, workload.loss_fn,
+                         workload.make_optimizer, device=args.device, profile=profile,
+                         meta={"model": args.model, "batch_size": args.batch_size, "seed": args.seed})
+    trace.save(output, overwrite=args.force)
+    summary = {"trace": str(output), **trace.summary()}
+    if args.json:
+        print_json(summary)
+    else:
+        print_table([(k, human(k, v)) for k, v in summary.items()])
+    return 0

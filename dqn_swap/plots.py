@@ -1,0 +1,80 @@
+"""PNG plots: memory over time, comparisons.  matplotlib with the Agg backend (no screen)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .trace import Phase, Trace
+
+# Written into every PNG we make, so that a later run may replace our own plot
+# but never a user's file of the same name.
+MARKER = {"Software": "dqn-swap"}
+PHASE_COLOURS = {Phase.FORWARD: "tab:blue", Phase.BACKWARD: "tab:orange", Phase.OPTIMIZER: "tab:green"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def is_our_png(path: Path) -> bool:
+    """True when ``path`` is a PNG this tool wrote (its tEXt chunk says so)."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return im.format == "PNG" and im.info.get("Software") == MARKER["Software"]
+    except Exception:  # unreadable or not an image: not ours
+        return False
+
+
+def check_output(path: str | os.PathLike[str], force: bool = False) -> Path:
+    """Refuse to replace a file the user owns; our own earlier plots may be replaced."""
+    path = Path(path)
+    if path.exists() and not force and not (path.suffix.lower() == ".png" and is_our_png(path)):
+        raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
+    if not path.parent.exists():
+        raise FileNotFoundError(f"{path}: directory {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise PermissionError(f"{path}: directory {path.parent} is not writable")
+    return path
+
+
+def save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=120, bbox_inches="tight", metadata=MARKER)
+    _pyplot().close(fig)
+    return path
+
+
+def memory_plot(trace: Trace, path: Path, title: str | None = None,
+                limit: int | None = None) -> Path:
+    """Allocated memory over the unplanned iteration, coloured by phase."""
+    plt = _pyplot()
+    t = trace.event_time
+    mem = trace.memory_after_event / 2**30
+    phase = trace.op_phase[trace.event_op]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for p, colour in PHASE_COLOURS.items():
+        sel = phase == p
+        if sel.any():
+            # Draw each phase as its own step curve over its time range.
+            ax.fill_between(t, 0, mem, where=sel, step="post", color=colour, alpha=0.35,
+                            label=p.name.lower())
+    ax.step(t, mem, where="post", color="black", linewidth=0.8)
+    if limit is not None:
+        ax.axhline(limit / 2**30, color="red", linestyle="--", label="memory limit")
+    ax.axhline(trace.minimum_memory / 2**30, color="grey", linestyle=":", label="minimum any plan needs")
+    ax.set_xlabel("time (s, unplanned)")
+    ax.set_ylabel("allocated (GiB)")
+    ax.set_title(title or f"{trace.meta.get('model', 'trace')}: memory over one iteration")
+    ax.legend(loc="upper left")
+    ax.set_xlim(0, max(float(t[-1]) if len(t) else 1.0, 1e-9))
+    ax.set_ylim(0, float(np.max(mem, initial=0)) * 1.08 or 1)
+    return save(fig, path)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job, on a fresh machine: install, record ResNet-50 (batch 64) on the
+# meta device, print its summary and write its memory plot.  Output goes to
+# out/quickstart/ (replaced on each run; it is this script's own folder).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+PY=.venv/bin/python
+[[ -n "${VIRTUAL_ENV:-}" ]] && PY=python
+out=out/quickstart
+mkdir -p "$out"
+dqn() { "$PY" -m dqn_swap "$@"; }
+dqn record --model resnet50 --batch-size 64 --device meta --profile v100-pcie3 -o "$out/resnet50.trace" --force
+dqn inspect "$out/resnet50.trace" --plot "$out/resnet50-memory.png"

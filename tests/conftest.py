@@ -1,0 +1,38 @@
+import pytest
+import torch
+
+from dqn_swap.recorder import record_trace
+
+
+class TinyMLP(torch.nn.Module):
+    """Linear(8, 16) - ReLU - Linear(16, 4): small enough to write its trace by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.act = torch.nn.ReLU()
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def record_mlp(device: str = "meta"):
+    torch.manual_seed(0)
+    model = TinyMLP()
+    return record_trace(model, torch.randn(2, 8), lambda y: y.pow(2).mean(),
+                        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), device=device)
+
+
+@pytest.fixture(scope="session")
+def mlp_trace():
+    return record_mlp("meta")
+
+
+@pytest.fixture(scope="session")
+def tiny_resnet_trace():
+    from dqn_swap.models import build_workload
+
+    w = build_workload("resnet_tiny", 4, "meta")
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+                        meta={"model": "resnet_tiny", "batch_size": 4})

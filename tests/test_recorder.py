@@ -1,0 +1,155 @@
+"""The recorder against a trace written down by hand, and its invariants on real models."""
+
+import numpy as np
+import pytest
+import torch
+
+from dqn_swap.recorder import RecordingError, record_trace
+from dqn_swap.trace import EventKind, Phase, Role
+
+from .conftest import TinyMLP, record_mlp
+
+M, W, R, F = "MALLOC", "WRITE", "READ", "FREE"
+
+
+def labelled_events(trace, labels):
+    return [(EventKind(k).name, trace.op_names[trace.op_name[o]], labels.get(int(t), int(t)))
+            for k, o, t in zip(trace.event_kind, trace.event_op, trace.event_tensor)]
+
+
+def test_mlp_forward_events_by_hand(mlp_trace):
+    t = mlp_trace
+    # Tensors declared before the iteration: fc1.weight, fc1.bias, fc2.weight, fc2.bias,
+    # four momentum buffers, then the input; ids in that order.
+    assert t.tensor_nbytes[:9].tolist() == [512, 64, 256, 16, 512, 64, 256, 16, 64]
+    assert t.tensor_role[:9].tolist() == [Role.PARAMETER] * 4 + [Role.OPTIMIZER_STATE] * 4 + [Role.INPUT]
+    assert (t.tensor_alloc_op[:9] == -1).all()
+    labels = {0: "w1", 1: "b1", 2: "w2", 3: "b2", 8: "x", 9: "h", 10: "a", 11: "y", 12: "y2", 13: "loss"}
+    fwd = [e for e, op in zip(labelled_events(t, labels), t.event_op) if t.op_phase[op] == Phase.FORWARD]
+    assert fwd == [
+        (M, "aten.addmm", "h"), (R, "aten.addmm", "b1"), (R, "aten.addmm", "x"), (R, "aten.addmm", "w1"),
+        (W, "aten.addmm", "h"),
+        (M, "aten.relu", "a"), (R, "aten.relu", "h"), (W, "aten.relu", "a"),
+        (F, "aten.relu", "h"),  # relu saves its output, not its input
+        (M, "aten.addmm", "y"), (R, "aten.addmm", "b2"), (R, "aten.addmm", "a"), (R, "aten.addmm", "w2"),
+        (W, "aten.addmm", "y"),
+        (M, "aten.pow", "y2"), (R, "aten.pow", "y"), (W, "aten.pow", "y2"),
+        (M, "aten.mean", "loss"), (R, "aten.mean", "y2"), (W, "aten.mean", "loss"),
+        (F, "aten.mean", "y2"),  # mean keeps only the input's shape
+    ]
+    sizes = {"h": 128, "a": 128, "y": 32, "y2": 32, "loss": 4}
+    for tid, name in labels.items():
+        if name in sizes:
+            assert t.tensor_nbytes[tid] == sizes[name], name
+    # Saved for backward, in packing order: x (fc1 weight grad), a (relu), a and w2 (fc2), y (pow).
+    assert t.saved.tolist() == [8, 10, 10, 2, 11]
+    assert t.tensor_role[10] == Role.SAVED and t.tensor_role[11] == Role.SAVED
+    assert t.tensor_saved_index[[8, 10, 2, 11]].tolist() == [0, 1, 3, 4]
+    assert t.op_module[t.event_op[0]] == t.module_names.index("fc1")
+
+
+def test_mlp_gradients_optimizer_and_memory(mlp_trace):
+    t = mlp_trace
+    grads = np.flatnonzero(t.tensor_role == Role.GRADIENT)
+    assert sorted(t.tensor_nbytes[grads].tolist()) == [16, 64, 256, 512]
+    assert (t.tensor_free_op[grads] == -1).all()  # gradients outlive the iteration
+    opt_ops = np.flatnonzero(t.op_phase == Phase.OPTIMIZER)
+    # SGD with momentum, foreach=False: mul_, add_ (buffer), add_ (parameter) per parameter.
+    assert [t.op_names[t.op_name[i]] for i in opt_ops] == ["aten.mul_", "aten.add_", "aten.add_"] * 4
+    params_written = {int(x) for x in t.event_tensor[np.isin(t.event_op, opt_ops) & (t.event_kind == EventKind.WRITE)]}
+    assert {0, 1, 2, 3} <= params_written
+    assert t.initial_bytes == 848 * 2 + 64
+    # Peak: persistent state, grads of fc2, and the largest backward temporaries.
+    assert t.peak_bytes == int(t.memory_after_event.max())
+    assert t.memory_after_event.min() >= t.initial_bytes - 1
+    # After the iteration: parameters, momentum, input and the four gradients remain.
+    assert t.memory_after_event[-1] == 848 * 3 + 64
+
+
+def test_meta_and_cpu_record_the_same_structure():
+    cpu, meta = record_mlp("cpu"), record_mlp("meta")
+    assert cpu.fingerprint == meta.fingerprint
+    assert cpu.meta["device"] == "cpu" and meta.meta["device"] == "meta"
+
+
+def test_every_allocation_is_freed_at_most_once(tiny_resnet_trace):
+    t = tiny_resnet_trace
+    mallocs = t.event_tensor[t.event_kind == EventKind.MALLOC]
+    frees = t.event_tensor[t.event_kind == EventKind.FREE]
+    assert len(np.unique(mallocs)) == len(mallocs)
+    assert len(np.unique(frees)) == len(frees)
+    # Only storages allocated in the iteration (or inputs of it) are freed, after their malloc.
+    alloc = t.tensor_alloc_op[frees]
+    assert (t.tensor_free_op[frees] >= alloc).all()
+    assert (t.memory_after_event >= 0).all()
+    # Saved activations are read in backward.
+    saved = np.flatnonzero(t.tensor_role == Role.SAVED)
+    bwd_reads = set(t.event_tensor[(t.event_kind == EventKind.READ) & (t.op_phase[t.event_op] == Phase.BACKWARD)].tolist())
+    assert set(saved.tolist()) <= bwd_reads
+    assert t.summary()["ops_per_phase"]["backward"] > 0
+
+
+def test_views_share_storage_and_inplace_writes():
+    class ViewModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x).view(2, 2, 2)  # a view: no new storage
+            return torch.relu_(y.clone()).sum()  # clone allocates; relu_ writes in place
+
+    t = record_trace(ViewModel(), torch.randn(2, 4), lambda y: y, None, device="meta")
+    names = [t.op_names[i] for i in t.op_name]
+    assert "aten.view" not in names
+    relu = names.index("aten.relu_")
+    ev = t.event_op == relu
+    assert EventKind.MALLOC not in t.event_kind[ev]
+    assert EventKind.WRITE in t.event_kind[ev]
+
+
+def test_a_model_that_raises_names_the_op():
+    class Broken(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x) @ torch.ones(4, 4)  # shape mismatch
+
+    with pytest.raises(RecordingError, match="failed"):
+        record_trace(Broken(), torch.randn(2, 4), lambda y: y.sum(), None, device="meta")
+
+
+def test_recording_on_another_device_leaves_the_model_alone():
+    torch.manual_seed(0)
+    model = TinyMLP()
+    before = [p.detach().clone() for p in model.parameters()]
+    record_trace(model, torch.randn(2, 8), lambda y: y.sum(), lambda p: torch.optim.SGD(p, lr=1.0),
+                 device="meta")
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(RecordingError, match="factory"):
+        record_trace(model, torch.randn(2, 8), lambda y: y.sum(), torch.optim.SGD(model.parameters(), lr=1.0),
+                     device="meta")
+
+
+def test_forward_only_iteration():
+    from dqn_swap.models import build_workload
+
+    w = build_workload("kmeans", 1, "meta")
+    t = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta")
+    assert set(np.unique(t.op_phase).tolist()) == {Phase.FORWARD}
+    assert t.n_ops > 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,batch", [("resnet18", 32), ("gpt_tiny", 8)])
+def test_cuda_peak_matches_max_memory_allocated(name, batch):
+    from dqn_swap.models import build_workload
+
+    w = build_workload(name, batch, "cuda")
+    t = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="cuda", iterations=3)
+    measured = t.meta["max_memory_allocated"]
+    assert abs(t.peak_bytes - measured) <= 0.05 * measured, (t.peak_bytes, measured)
+    assert t.meta["timing"] == "cuda-events" and (t.op_duration > 0).all()
