@@ -1,0 +1,30 @@
+"""Every planner of dqn-swap behind one name: the baselines of the papers and the DQN.
+
+All produce the same :class:`~dqn_swap.plan.Plan` through
+``get_planner(name).plan(trace, memory_limit, profile)``.  Modules are imported
+on demand, so naming a baseline never loads the learning side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BASELINE_NAMES = ("none", "window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
+DQN_NAMES = ("dqn", "dqn-search")
+PLANNER_NAMES = (*DQN_NAMES, *BASELINE_NAMES)
+
+
+def get_planner(name: str, *, agent: str | None = None, **settings: Any):  # noqa: ANN201
+    """The planner called ``name``; ``agent`` is the DQN checkpoint (default: the shipped one)."""
+    if name in DQN_NAMES:
+        from .dqn.planner import get_dqn_planner
+
+        return get_dqn_planner(name, agent, **settings)
+    if name in BASELINE_NAMES:
+        from .baselines import get_planner as get_baseline
+
+        return get_baseline(name, **settings)
+    raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(PLANNER_NAMES)}")
+
+
+__all__ = ["BASELINE_NAMES", "DQN_NAMES", "PLANNER_NAMES", "get_planner"]

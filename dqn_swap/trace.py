@@ -478,3 +478,28 @@ class TraceBuilder:
         )
         trace.validate("built trace")
         return trace
+
+
+def resolve_memory_limit(trace: Trace, text: str | int) -> int:
+    """A memory limit in bytes from ``8GiB``-style sizes or a percentage.
+
+    A percentage is a point between the least memory any plan needs
+    (:attr:`Trace.minimum_memory`, 0%) and the unplanned peak (100%).  Limits
+    below the minimum are refused with a message naming the minimum.
+    """
+    low, high = trace.minimum_memory, trace.peak_bytes
+    if isinstance(text, str) and text.strip().endswith("%"):
+        try:
+            pct = float(text.strip()[:-1])
+        except ValueError:
+            raise ValueError(f"not a percentage: {text!r}") from None
+        if not 0 <= pct <= 100:
+            raise ValueError(f"a percentage limit must be between 0% (the minimum, {format_bytes(low)}) "
+                             f"and 100% (the unplanned peak, {format_bytes(high)}), not {text}")
+        return int(round(low + pct / 100 * (high - low)))
+    limit = text if isinstance(text, int) else parse_bytes(text)
+    if limit < low:
+        raise ValueError(f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this "
+                         f"trace, {format_bytes(low)} ({low} bytes: the largest single-op working set "
+                         "plus parameters, optimizer state and inputs)")
+    return limit

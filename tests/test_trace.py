@@ -108,3 +108,15 @@ def test_parse_bytes():
     for bad in ("8 parsecs", "lots", "-1GB"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
+
+
+def test_memory_limits():
+    from dqn_swap.trace import resolve_memory_limit
+
+    t = small_trace()  # minimum 120, peak 120: every limit resolves to 120
+    assert resolve_memory_limit(t, "50%") == 120
+    assert resolve_memory_limit(t, "1KiB") == 1024
+    with pytest.raises(ValueError, match="below the minimum.*120 bytes"):
+        resolve_memory_limit(t, "100B")
+    with pytest.raises(ValueError, match="between 0%"):
+        resolve_memory_limit(t, "150%")

@@ -13,11 +13,11 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import inspect_cmd, record_cmd
+from . import compare_cmd, inspect_cmd, record_cmd, simulate_cmd
 
 # Modules that add subcommands, in the order ``--help`` lists them.  Later
 # workflows (simulate, plan, compare, train, finetune, run) register here.
-SUBCOMMANDS = [record_cmd, inspect_cmd]
+SUBCOMMANDS = [record_cmd, inspect_cmd, simulate_cmd, compare_cmd]
 
 
 class UserError(Exception):

@@ -1,0 +1,177 @@
+"""Benchmark: full simulations per second on a realistic trace.
+
+Default: ResNet-50 at batch 64 recorded on the ``meta`` device (no GPU needed),
+with a plan that swaps ~30% of the saved activations, each right after its
+last forward use (the largest reuse gap, as a planner would), under the
+plan's own minimal memory limit (so memory is tight and the prefetch rule,
+swap-out waits and prefetch stalls are all exercised).  ``--synthetic``
+builds a trace of similar shape without the recorder (~2,000 ops, ~1,000
+saved activations).  Prints one JSON object.
+
+    PYTHONPATH=. python benchmarks/bench_simulator.py
+    PYTHONPATH=. python benchmarks/bench_simulator.py --synthetic --recompute-fraction 0.1
+    PYTHONPATH=. python benchmarks/bench_simulator.py --profile-top 15   # cProfile of the runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dqn_swap.plan import Action, ActionKind  # noqa: E402
+from dqn_swap.simulator import Simulator  # noqa: E402
+from dqn_swap.trace import Phase, Role, Trace, TraceBuilder  # noqa: E402
+
+
+def recorded_trace(model: str, batch: int) -> Trace:
+    """Record ``model`` at ``batch`` on the meta device (shapes and roofline times only)."""
+    from dqn_swap.models import build_workload
+    from dqn_swap.recorder import record_trace
+
+    w = build_workload(model, batch, "meta")
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+                        meta={"model": model, "batch_size": batch})
+
+
+def synthetic_trace(layers: int = 1000, seed: int = 0) -> Trace:
+    """A CNN-like chain: ``layers`` forward ops each saving a 1-50 MB activation, a backward op per
+    layer (reads the saved activations and the incoming gradient, frees them), an optimizer op per
+    4 layers.  Durations 20-400 us.  ~2 ops per layer, ~10 events per layer."""
+    rng = np.random.default_rng(seed)
+    b = TraceBuilder()
+    F, B, O = Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER
+    n_params = layers // 4
+    params = [b.tensor(int(rng.integers(1, 20)) * 2**16, Role.PARAMETER, preexisting=True)
+              for _ in range(n_params)]
+    x = b.tensor(64 * 2**20, Role.INPUT, preexisting=True)
+    acts = [x]
+    for i in range(layers):
+        out = b.tensor(int(rng.integers(1, 50)) * 2**20, Role.SAVED)
+        reads = [acts[-1]] + ([params[i // 4]] if i % 4 == 0 else [])
+        b.op("aten.conv", F, reads=reads, outputs=[out], duration=float(rng.uniform(20e-6, 400e-6)))
+        acts.append(out)
+    grad = b.tensor(2**20, Role.TEMPORARY)
+    b.op("aten.loss", F, reads=[acts[-1]], outputs=[grad], duration=10e-6)
+    grads = {}
+    for i in reversed(range(layers)):
+        g = b.tensor(int(rng.integers(1, 50)) * 2**20, Role.TEMPORARY)
+        outs = [g]
+        if i % 4 == 0:
+            grads[i // 4] = b.tensor(b.t_nbytes[params[i // 4]], Role.GRADIENT)
+            outs.append(grads[i // 4])
+        frees = [grad, acts[i + 1]]
+        b.op("aten.conv_backward", B, reads=[grad, acts[i + 1], acts[i]], outputs=outs, frees=frees,
+             duration=float(rng.uniform(40e-6, 800e-6)))
+        grad = g
+    b.free(grad)
+    for j, p in enumerate(params):
+        b.op("aten.add_", O, reads=[grads[j], p], writes=[p], frees=[grads[j]], duration=10e-6)
+    return b.build({"profile": "v100-pcie3", "model": f"synthetic{layers}"})
+
+
+def make_plan(sim: Simulator, swap_fraction: float, recompute_fraction: float,
+              seed: int) -> list[Action]:
+    """Act on a random ``swap_fraction`` (+ ``recompute_fraction``) of the saved activations, each at
+    its valid event with the largest reuse gap (its last forward use)."""
+    trace = sim.trace
+    va = sim.valid_actions()
+    gap = sim.event_next_use - trace.event_op
+    best: dict[int, int] = {}
+    for e in np.flatnonzero(va.can_swap).tolist():
+        t = int(trace.event_tensor[e])
+        if trace.tensor_role[t] == Role.SAVED and (t not in best or gap[e] > gap[best[t]]):
+            best[t] = e
+    rng = np.random.default_rng(seed)
+    n_saved = int((trace.tensor_role == Role.SAVED).sum())
+    tensors = rng.permutation(sorted(best)).tolist()
+    n_swap = min(len(tensors), round(swap_fraction * n_saved))
+    plan = [Action(best[t], t, ActionKind.SWAP) for t in tensors[:n_swap]]
+    rest = [t for t in tensors[n_swap:] if va.can_recompute[best[t]]]
+    n_rec = min(len(rest), round(recompute_fraction * n_saved))
+    plan += [Action(best[t], t, ActionKind.RECOMPUTE) for t in rest[:n_rec]]
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--trace", type=Path, help="a .trace file instead of recording")
+    src.add_argument("--synthetic", action="store_true", help="synthetic trace, no recorder")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=1000, help="synthetic trace size")
+    ap.add_argument("--swap-fraction", type=float, default=0.3)
+    ap.add_argument("--recompute-fraction", type=float, default=0.0)
+    ap.add_argument("--limit", type=float, default=None,
+                    help="memory limit as a fraction of the trace peak (default: the plan's own minimum)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="time to spend measuring")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile-top", type=int, default=0, help="print a cProfile of the runs (top N) to stderr")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    if args.trace:
+        trace, source = Trace.load(args.trace), str(args.trace)
+    elif args.synthetic:
+        trace, source = synthetic_trace(args.layers, args.seed), f"synthetic({args.layers} layers)"
+    else:
+        trace, source = recorded_trace(args.model, args.batch), f"{args.model} batch {args.batch} (meta)"
+    t_trace = time.perf_counter() - t0
+
+    probe = Simulator(trace, trace.peak_bytes)
+    plan = make_plan(probe, args.swap_fraction, args.recompute_fraction, args.seed)
+    if args.limit is None:
+        limit = max(int(probe._prepare(plan).need.max()), trace.initial_bytes)
+    else:
+        limit = int(args.limit * trace.peak_bytes)
+    t0 = time.perf_counter()
+    sim = Simulator(trace, limit)
+    t_init = time.perf_counter() - t0
+    result = sim.run(plan)  # warm-up, and the figures reported
+
+    prof = cProfile.Profile() if args.profile_top else None
+    n, start = 0, time.perf_counter()
+    if prof:
+        prof.enable()
+    while True:
+        for _ in range(10):
+            sim.run(plan)
+        n += 10
+        elapsed = time.perf_counter() - start
+        if elapsed >= args.seconds:
+            break
+    if prof:
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile_top)
+        print(out.getvalue(), file=sys.stderr)
+
+    report = {
+        "trace": source,
+        "ops": trace.n_ops, "events": trace.n_events, "tensors": trace.n_tensors,
+        "saved_tensors": int((trace.tensor_role == Role.SAVED).sum()),
+        "actions": len(plan),
+        "swaps": sum(a.kind == ActionKind.SWAP for a in plan),
+        "recomputes": sum(a.kind == ActionKind.RECOMPUTE for a in plan),
+        "memory_limit_over_peak": limit / trace.peak_bytes,
+        "simulator_init_s": t_init, "trace_build_s": t_trace,
+        "runs": n, "seconds": elapsed,
+        "sims_per_s": n / elapsed, "ms_per_sim": 1e3 * elapsed / n,
+        "result": result.figures(),
+    }
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""``dqn-swap compare``: every planner on every trace at every limit, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import load_trace, on_terminal, print_json
+from .simulate_cmd import LIMIT_HELP
+
+COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
+           "makespan_over_lower_bound", "peak_bytes", "n_swap", "n_recompute", "planning_s"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from agents import PLANNER_NAMES
+
+    p = sub.add_parser(
+        "compare", help="compare planners on traces at several memory limits (table and plots)",
+        description="Plan every trace at every memory limit with every planner, simulate each plan, "
+                    "and write a table (markdown and CSV: overhead, makespan / lower bound, peak, "
+                    "feasible, planning time) and two plots: overhead against memory reduction "
+                    "(the DQN paper's Figure 5) and makespan / lower bound against the limit "
+                    "(the offloading paper's Figure 5).",
+        epilog="Example: dqn-swap compare r50.trace vgg16.trace --memory-limits 90%%,70%%,50%%,30%% "
+               "--planners all -o comparison/")
+    p.add_argument("traces", nargs="+", help="trace files")
+    p.add_argument("--memory-limits", default="90%,70%,50%,30%",
+                   help="comma-separated limits (default 90%%,70%%,50%%,30%%). " + LIMIT_HELP)
+    p.add_argument("--planners", default="all",
+                   help=f"comma-separated planners or 'all' ({', '.join(PLANNER_NAMES)})")
+    p.add_argument("--agent", help="DQN checkpoint for the dqn planners (default checkpoints/default.pt)")
+    p.add_argument("-o", "--output", default="comparison",
+                   help="folder for compare.md, compare.csv and the PNG plots (default ./comparison)")
+    p.add_argument("--force", action="store_true", help="replace existing result files")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    p.set_defaults(func=run)
+
+
+def planner_names(spec: str) -> list[str]:
+    from agents import PLANNER_NAMES
+
+    if spec.strip() == "all":
+        return list(PLANNER_NAMES)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in PLANNER_NAMES]
+    if unknown:
+        raise ValueError(f"unknown planner {unknown[0]!r}; choose from: {', '.join(PLANNER_NAMES)}, all")
+    return names
+
+
+def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str], agent: str | None = None,
+                 progress: bool = False) -> list[dict[str, Any]]:
+    """Plan and simulate every (trace, limit, planner) cell; one row per cell."""
+    from agents import get_planner
+
+    from ..cost import get_profile
+    from ..trace import resolve_memory_limit
+
+    cells = [(name, lim, pl) for name in traces for lim in limits for pl in planners]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cells), desc="compare", unit="plan")
+    planner_objs = {pl: get_planner(pl, agent=agent) for pl in planners}
+    rows = []
+    for name, lim, pl in cells:
+        trace = traces[name]
+        limit = resolve_memory_limit(trace, lim)
+        profile = get_profile(trace.meta.get("profile") or "v100-pcie3")
+        t0 = time.perf_counter()
+        plan = planner_objs[pl].plan(trace, limit, profile)
+        elapsed = time.perf_counter() - t0
+        f = plan.figures
+        rows.append({"trace": name, "model": trace.meta.get("model"), "limit": lim, "limit_bytes": limit,
+                     "planner": pl, "feasible": bool(f.get("feasible")), "overhead": f.get("overhead"),
+                     "makespan_s": f.get("makespan"), "makespan_over_lower_bound": f.get("makespan_over_lower_bound"),
+                     "peak_bytes": f.get("peak_bytes"), "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
+                     "planning_s": elapsed, "unplanned_peak_bytes": trace.peak_bytes})
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """One table per trace: a row per limit, a column per planner, cells 'overhead (makespan/LB)'."""
+    out = io.StringIO()
+    planners = list(dict.fromkeys(r["planner"] for r in rows))
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        sub = [r for r in rows if r["trace"] == trace]
+        out.write(f"\n**{sub[0]['model'] or trace}** — overhead (makespan / lower bound); "
+                  "`-` infeasible; best feasible in bold\n\n")
+        out.write("| limit | " + " | ".join(planners) + " |\n|---|" + "---|" * len(planners) + "\n")
+        for lim in dict.fromkeys(r["limit"] for r in sub):
+            cells = {r["planner"]: r for r in sub if r["limit"] == lim}
+            feasible = [r["overhead"] for r in cells.values() if r["feasible"]]
+            best = min(feasible) if feasible else None
+            text = []
+            for pl in planners:
+                r = cells.get(pl)
+                if r is None or not r["feasible"]:
+                    text.append("-")
+                    continue
+                s = f"{100 * r['overhead']:.1f}% ({r['makespan_over_lower_bound']:.2f})"
+                text.append(f"**{s}**" if best is not None and r["overhead"] <= best + 1e-12 else s)
+            gib = cells[planners[0]]["limit_bytes"] / 2**30 if planners[0] in cells else 0
+            out.write(f"| {lim} ({gib:.2f} GiB) | " + " | ".join(text) + " |\n")
+    return out.getvalue()
+
+
+def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> list[Path]:
+    from ..plots import _pyplot, check_output, save
+
+    plt = _pyplot()
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    planners = list(dict.fromkeys(r["planner"] for r in rows))
+    paths = []
+    for kind in ("overhead", "makespan_lb"):
+        fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
+        for ax, trace in zip(axes[0], traces):
+            for pl in planners:
+                pts = [r for r in rows if r["trace"] == trace and r["planner"] == pl and r["feasible"]]
+                if not pts:
+                    continue
+                if kind == "overhead":  # DQN paper, Figure 5
+                    xs = [1 - r["peak_bytes"] / r["unplanned_peak_bytes"] for r in pts]
+                    ys = [100 * r["overhead"] for r in pts]
+                else:  # offloading paper, Figure 5
+                    xs = [r["limit_bytes"] / 2**30 for r in pts]
+                    ys = [r["makespan_over_lower_bound"] for r in pts]
+                order = sorted(range(len(xs)), key=xs.__getitem__)
+                ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", label=pl)
+            ax.set_title(str(next(r["model"] for r in rows if r["trace"] == trace) or trace))
+            if kind == "overhead":
+                ax.set_xlabel("memory reduction (1 - peak / unplanned peak)")
+                ax.set_ylabel("overhead (% of compute time)")
+            else:
+                ax.set_xlabel("memory limit (GiB)")
+                ax.set_ylabel("makespan / lower bound")
+        axes[0][0].legend(fontsize=7)
+        path = check_output(folder / f"{kind}.png", force)
+        paths.append(save(fig, path))
+    return paths
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..plots import check_output
+
+    planners = planner_names(args.planners)
+    limits = [s.strip() for s in args.memory_limits.split(",") if s.strip()]
+    traces = {}
+    for path in args.traces:
+        traces[Path(path).stem if Path(path).stem not in traces else path] = load_trace(path)
+    folder = Path(args.output)
+    folder.mkdir(parents=True, exist_ok=True)
+    md_path = check_output(folder / "compare.md", args.force)
+    csv_path = check_output(folder / "compare.csv", args.force)
+    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal())
+    table = markdown_table(rows)
+    md_path.write_text(table.lstrip() + "\n")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    plots = plot_comparison(rows, folder, args.force)
+    if args.json:
+        print_json(rows)
+    else:
+        print(table)
+        print(f"wrote {md_path}, {csv_path}, " + ", ".join(map(str, plots)))
+    return 0

@@ -1,0 +1,112 @@
+"""``dqn-swap simulate`` and ``dqn-swap plan``: one planner, one trace, one limit."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from ..cost import PROFILES
+from .common import human, load_trace, print_json, print_table
+
+LIMIT_HELP = ("GPU memory limit: bytes with a unit (8GiB, 6.5GB, 512MiB) or a percentage, where 0%% is the "
+              "least memory any plan needs (largest single-op working set plus parameters, optimizer "
+              "state and inputs) and 100%% the unplanned peak")
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    from agents import PLANNER_NAMES
+
+    p.add_argument("trace", help="trace file written by 'dqn-swap record'")
+    p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
+    p.add_argument("--planner", default="dqn",
+                   help=f"who plans: {', '.join(PLANNER_NAMES)} (default dqn, the shipped agent)")
+    p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search "
+                                   "(default: checkpoints/default.pt)")
+    p.add_argument("--profile", choices=list(PROFILES),
+                   help="device profile for transfer times (default: the one the trace was recorded with)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser(
+        "simulate", help="simulate a plan on a trace and print its cost",
+        description="Simulate one training iteration under a memory limit, following a plan made by "
+                    "--planner or read from --plan, and print makespan, overhead, stalls, bytes "
+                    "moved, peak memory and makespan over the lower bound.",
+        epilog="Examples: dqn-swap simulate r50.trace -m 60%% --planner window; "
+               "dqn-swap simulate r50.trace --plan plan.json --json")
+    add_common(s)
+    s.add_argument("--plan", help="simulate this plan file instead of planning (its limit is used "
+                                  "unless --memory-limit is given)")
+    s.set_defaults(func=run_simulate)
+    p = sub.add_parser(
+        "plan", help="plan swapping and recomputation for a trace and write a plan file",
+        description="Decide which tensors to swap out and which to recompute so the iteration fits "
+                    "the memory limit, and write the plan (JSON) with its simulated figures.",
+        epilog="Example: dqn-swap plan r50.trace -m 8GiB --planner greedy -o plan.json")
+    add_common(p)
+    p.add_argument("-o", "--output", required=True, help="plan file to write (JSON)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.set_defaults(func=run_plan)
+
+
+def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None):
+    """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
+    from agents import get_planner
+
+    from ..cost import get_profile
+    from ..trace import resolve_memory_limit
+
+    if limit_text is None:
+        raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
+    limit = resolve_memory_limit(trace, limit_text)
+    profile = get_profile(profile_name or trace.meta.get("profile") or "v100-pcie3")
+    planner = get_planner(planner_name, agent=agent)
+    t0 = time.perf_counter()
+    plan = planner.plan(trace, limit, profile)
+    return plan, time.perf_counter() - t0, profile
+
+
+def report(figures: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(figures)
+    else:
+        print_table([(k, human(k, v)) for k, v in figures.items()])
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from ..cost import get_profile
+    from ..plan import Plan
+    from ..simulator import simulate
+    from ..trace import resolve_memory_limit
+
+    trace = load_trace(args.trace)
+    if args.plan:
+        plan = Plan.load(args.plan, trace)
+        limit = resolve_memory_limit(trace, args.memory_limit) if args.memory_limit else plan.memory_limit
+        profile = get_profile(args.profile or plan.profile)
+        planning_s = None
+    else:
+        plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile)
+        limit = plan.memory_limit
+    result = simulate(trace, plan.actions, limit, profile)
+    figures = {"planner": plan.planner, "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
+               **result.figures(), "planning_s": planning_s}
+    report(figures, args.json)
+    if not result.feasible and result.infeasible is not None and not args.json:
+        print(f"infeasible: {result.infeasible.message(trace)}")
+    return 0 if result.feasible else 1
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
+    trace = load_trace(args.trace)
+    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile)
+    plan.save(out, overwrite=args.force)
+    report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
+            "n_recompute": plan.n_recompute, **plan.figures, "planning_s": planning_s}, args.json)
+    return 0 if plan.figures.get("feasible", True) else 1
