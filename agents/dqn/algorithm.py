@@ -1,0 +1,330 @@
+"""Fitted Q-iteration with experience replay (Eq. 4-5, Algorithm 1), CleanRL-style.
+
+:func:`train` reads top to bottom like CleanRL's ``dqn.py``: make the
+environments, the Q-network and its target, the replay buffer; then one loop
+that explores epsilon-greedily, stores transitions, fits the network on
+mini-batches and evaluates the greedy plan now and then.  :func:`finetune`
+continues training a checkpoint on other (larger) graphs (section 4.4.2).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dqn_swap.cost import DeviceProfile
+from dqn_swap.trace import Trace
+from env.swap_recompute import SwapRecomputeEnv, resolve_limit
+
+from .buffer import NStepAccumulator, ReplayBuffer
+from .checkpoint import (CheckpointError, load_agent, load_resume, resume_path, save_agent, save_resume)
+from .config import DQNConfig
+from .planner import episode_summary, greedy_episode, make_env
+from .policy import GraphBatcher, QNetwork, masked_argmax, q_values
+from torch_geometric.utils import scatter
+
+
+@dataclass
+class TrainResult:
+    path: Path
+    steps: int
+    wall_time: float
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] = field(default_factory=dict)
+
+
+def linear_schedule(start: float, end: float, duration: float, t: int) -> float:
+    slope = (end - start) / max(duration, 1.0)
+    return max(slope * t + start, end)
+
+
+def _as_list(x: Any) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def make_envs(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence[float | int],
+              profile: str | DeviceProfile | None, config: DQNConfig) -> list[SwapRecomputeEnv]:
+    """One environment per (trace, limit); the static graph of a trace is built once."""
+    envs = []
+    for trace in _as_list(traces):
+        graph = None
+        for limit in _as_list(memory_limits):
+            env = make_env(trace, limit, profile, config, action_graph=graph)
+            graph = env.graph
+            env.name = f"{trace.meta.get('model', trace.fingerprint[:8])}@{_limit_label(trace, limit)}"
+            envs.append(env)
+    return envs
+
+
+def _limit_label(trace: Trace, limit: float | int) -> str:
+    if isinstance(limit, float) and 0 < limit <= 1:
+        return f"{round(limit * 100)}%"
+    return str(resolve_limit(trace, limit))
+
+
+def evaluate(net: QNetwork, batcher: GraphBatcher, envs: Sequence[SwapRecomputeEnv]) -> dict[str, Any]:
+    """Greedy plan on every environment; ``score`` is the mean of overhead plus penalties."""
+    per_env = {}
+    for env in envs:
+        per_env[env.name] = greedy_episode(net, batcher, env)
+    rows = list(per_env.values())
+    return {"score": float(np.mean([-r["return"] for r in rows])),
+            "overhead": float(np.mean([r["overhead"] for r in rows])),
+            "feasible": float(np.mean([r["feasible"] for r in rows])),
+            "peak_bytes": float(np.mean([r["peak_bytes"] for r in rows])),
+            "n_swap": float(np.mean([r["n_swap"] for r in rows])),
+            "n_recompute": float(np.mean([r["n_recompute"] for r in rows])),
+            "per_env": per_env}
+
+
+def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: ReplayBuffer,
+              optimizer: torch.optim.Optimizer, config: DQNConfig, beta: float) -> tuple[float, float]:
+    """One gradient step on Eq. 4 over a replay mini-batch; returns (TD loss, mean Q)."""
+    batch, idx, weights = rb.sample(config.batch_size, beta)
+    items = [(t.key, t.state) for t in batch]
+    next_items = [(t.next_key, t.next_state) for t in batch]
+    actions = torch.tensor([t.action for t in batch], dtype=torch.long)
+    rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
+    not_done = torch.tensor([0.0 if t.done else 1.0 for t in batch])
+    discount = torch.tensor([t.discount for t in batch], dtype=torch.float32)
+    with torch.no_grad():  # Eq. 5: y is a constant
+        evaluator = target_net if config.target_network else q_net
+        q_next, b_next, off_next = q_values(evaluator, batcher, next_items)
+        n = len(batch)
+        valid = batcher.valid_mask(next_items) if config.mask_target else torch.ones_like(q_next, dtype=torch.bool)
+        if config.double_q:
+            q_sel = q_values(q_net, batcher, next_items)[0] if evaluator is not q_net else q_next
+            a_star = masked_argmax(q_sel, valid, b_next, n, off_next)
+            v_next = q_next[off_next + a_star]
+        else:
+            qm = torch.where(valid, q_next, torch.full_like(q_next, -torch.inf))
+            v_next = scatter(qm, b_next, dim=0, dim_size=n, reduce="max")
+        v_next = torch.where(torch.isfinite(v_next), v_next, torch.zeros_like(v_next))
+        y = rewards + discount * not_done * v_next
+    q, _, off = q_values(q_net, batcher, items)
+    q_sa = q[off + actions]
+    td = y - q_sa
+    w = torch.from_numpy(weights)
+    loss = (w * (td.pow(2) if config.loss == "mse" else F.smooth_l1_loss(q_sa, y, reduction="none"))).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(q_net.parameters(), config.max_grad_norm)
+    optimizer.step()
+    rb.update_priorities(idx, td.detach().numpy())
+    return float(loss.item()), float(q_sa.mean().item())
+
+
+def train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence[float | int],
+          out_path: str | os.PathLike[str], config: DQNConfig | None = None, *,
+          profile: str | DeviceProfile | None = None, log_dir: str | os.PathLike[str] | None = "runs",
+          run_name: str | None = None, progress: bool | None = None, resume: bool = False,
+          overwrite: bool = False, init_from: str | os.PathLike[str] | None = None,
+          command: str | None = None, threads: int | None = None) -> TrainResult:
+    """Train an agent on ``traces`` at ``memory_limits`` and save it to ``out_path``.
+
+    ``memory_limits``: one limit or a list (bytes, or fractions in (0, 1] of the
+    way from ``trace.minimum_memory`` to ``trace.peak_bytes``); every trace is
+    paired with every limit and episodes cycle through the pairs.  Seeded by
+    ``config.seed``: the same call gives the same agent.  TensorBoard logs go to
+    ``log_dir/run_name`` (None: no logs); a tqdm bar shows on a terminal
+    (``progress``).  ``resume=True`` continues from ``out_path``'s resume file
+    (weights, optimiser, step, random state; the replay buffer refills).
+    ``init_from``: start from a checkpoint's weights (fine-tuning).  The saved
+    agent holds the weights of the best greedy evaluation.
+    """
+    config = config or DQNConfig()
+    out_path = Path(out_path)
+    if out_path.exists() and not overwrite and not resume:
+        raise FileExistsError(f"{out_path}: already exists (pass overwrite=True / --force to replace it)")
+    if threads:
+        torch.set_num_threads(threads)
+    t_start = time.perf_counter()
+
+    # ---- seeding
+    rng = np.random.default_rng(config.seed)
+    torch.manual_seed(config.seed)
+
+    # ---- environments: one per (trace, limit)
+    envs = make_envs(traces, memory_limits, profile, config)
+    eval_envs = [make_env(e.trace, e.memory_limit, e.profile, config, simulator=e.sim, action_graph=e.graph)
+                 for e in envs]  # same simulator and graph; their own episode state
+    for e, ev_env in zip(envs, eval_envs):
+        ev_env.name = e.name
+    fingerprints = sorted({e.trace.fingerprint for e in envs})
+    batcher = GraphBatcher()
+    keys = [batcher.register(e.graph) for e in envs]
+
+    # ---- Q-network, target network, optimiser, replay buffer
+    q_net = QNetwork(config)
+    if init_from is not None:
+        src, _, _ = load_agent(init_from)
+        try:
+            q_net.load_state_dict(src.state_dict())
+        except RuntimeError:
+            raise CheckpointError(f"{init_from}: its network does not match this configuration") from None
+    target_net = copy.deepcopy(q_net)
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
+    rb = ReplayBuffer(config.buffer_size, rng, config.prioritized, config.per_alpha)
+    nstep = NStepAccumulator(config.n_step, config.gamma)
+    start_step, evaluations, best = 0, [], {"score": np.inf}
+    best_state = copy.deepcopy(q_net.state_dict())
+
+    rpath = resume_path(out_path)
+    if resume:
+        if not rpath.exists():
+            raise CheckpointError(f"{rpath}: no resume file to continue from")
+        r = load_resume(rpath)
+        if r.get("config") != config.to_dict() or r.get("trace_fingerprints") != fingerprints:
+            raise CheckpointError(f"{rpath}: was made with another configuration or other traces")
+        q_net.load_state_dict(r["q"]); target_net.load_state_dict(r["target"])
+        optimizer.load_state_dict(r["optimizer"])
+        best_state, best, evaluations = r["best_state"], dict(r["best"]), list(r["evaluations"])
+        start_step = int(r["global_step"])
+        torch.set_rng_state(r["torch_rng"])
+        rng.bit_generator.state = r["np_rng"]
+
+    # ---- logging
+    writer = None
+    if log_dir is not None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        run_name = run_name or f"{out_path.stem}__s{config.seed}__{int(time.time())}"
+        writer = SummaryWriter(str(Path(log_dir) / run_name))
+        writer.add_text("config", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in config.to_dict().items()))
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=config.total_timesteps, initial=start_step, disable=not show, desc="train", unit="step")
+
+    def log(tag: str, value: float, step: int) -> None:
+        if writer is not None:
+            writer.add_scalar(tag, value, step)
+
+    def checkpoint_eval(step: int) -> None:
+        nonlocal best, best_state
+        ev = evaluate(q_net, batcher, eval_envs)
+        ev["step"] = step
+        evaluations.append({k: v for k, v in ev.items() if k != "per_env"} |
+                           {"per_env": {n: {k: v for k, v in d.items()} for n, d in ev["per_env"].items()}})
+        for tag in ("overhead", "peak_bytes", "feasible", "n_swap", "n_recompute"):
+            log(f"plan/{tag}", ev[tag], step)
+        log("plan/score", ev["score"], step)
+        if ev["score"] < best["score"] - 1e-12:
+            best = {"score": ev["score"], "step": step, "overhead": ev["overhead"], "feasible": ev["feasible"]}
+            best_state = copy.deepcopy(q_net.state_dict())
+        save_resume(rpath, {"global_step": step, "q": q_net.state_dict(), "target": target_net.state_dict(),
+                            "optimizer": optimizer.state_dict(), "best_state": best_state, "best": best,
+                            "evaluations": evaluations, "torch_rng": torch.get_rng_state(),
+                            "np_rng": rng.bit_generator.state, "config": config.to_dict(),
+                            "trace_fingerprints": fingerprints})
+        bar.set_postfix(score=f"{ev['score']:.4f}", best=f"{best['score']:.4f}")
+
+    # ---- the loop (Algorithm 1)
+    order = rng.permutation(len(envs))
+    episode = 0
+
+    def start_episode() -> tuple[SwapRecomputeEnv, int]:
+        i = int(order[episode % len(envs)])
+        envs[i].reset(seed=int(rng.integers(2**31)))
+        return envs[i], keys[i]
+
+    if init_from is not None and start_step == 0:
+        checkpoint_eval(0)  # the starting point counts: fine-tuning never returns a worse agent
+    env, key = start_episode()
+    state = env.state()
+    ep_return, ep_len, sps_t, sps_step = 0.0, 0, time.perf_counter(), start_step
+    duration = config.exploration_fraction * config.total_timesteps
+    for global_step in range(start_step, config.total_timesteps):
+        epsilon = linear_schedule(config.start_e, config.end_e, duration, global_step)
+        valid_idx = np.flatnonzero(state.valid)
+        if rng.random() < epsilon:
+            action = int(rng.choice(valid_idx))
+        else:
+            with torch.no_grad():
+                q, _, _ = q_values(q_net, batcher, [(key, state)])
+            qv = q.numpy()
+            action = int(valid_idx[np.argmax(qv[valid_idx])])
+        _, reward, terminated, truncated, info = env.step(action)
+        next_state = env.state()
+        for tr in nstep.push(key, state, action, reward * config.reward_scale, key, next_state,
+                             terminated, truncated):
+            rb.add(tr)
+        ep_return += reward
+        ep_len += 1
+        state = next_state
+        if terminated or truncated:
+            summary = episode_summary(env, ep_return, ep_len)
+            log("charts/episodic_return", ep_return, global_step)
+            log("charts/episodic_length", ep_len, global_step)
+            log("charts/episodic_overhead", summary["overhead"], global_step)
+            episode += 1
+            env, key = start_episode()
+            state = env.state()
+            ep_return, ep_len = 0.0, 0
+            nstep.clear()
+
+        if global_step >= config.learning_starts and global_step % config.train_frequency == 0 and len(rb):
+            beta = config.per_beta + (1.0 - config.per_beta) * global_step / config.total_timesteps
+            loss, qmean = td_update(q_net, target_net, batcher, rb, optimizer, config, beta)
+            if global_step % 100 == 0:
+                log("losses/td_loss", loss, global_step)
+                log("losses/q_values", qmean, global_step)
+                log("charts/epsilon", epsilon, global_step)
+                now = time.perf_counter()
+                log("charts/SPS", (global_step - sps_step) / max(now - sps_t, 1e-9), global_step)
+                sps_t, sps_step = now, global_step
+        if config.target_network and global_step % config.target_update == 0:
+            target_net.load_state_dict(q_net.state_dict())
+        if (global_step + 1) % config.eval_every == 0:
+            checkpoint_eval(global_step + 1)
+        bar.update(1)
+    if not evaluations or evaluations[-1]["step"] != config.total_timesteps:
+        checkpoint_eval(config.total_timesteps)
+    bar.close()
+
+    # ---- save the best greedy agent
+    q_net.load_state_dict(best_state)
+    wall = time.perf_counter() - t_start
+    training = {"steps": config.total_timesteps, "wall_time_s": round(wall, 1), "best": best,
+                "environments": [e.name for e in envs],
+                "memory_limits": [int(e.memory_limit) for e in envs], "command": command or "",
+                "init_from": str(init_from) if init_from else None,
+                "evaluations": [{k: v for k, v in e.items() if k != "per_env"} for e in evaluations]}
+    save_agent(out_path, q_net, config, trace_fingerprints=fingerprints, training=training, overwrite=True
+               if (overwrite or resume) else False)
+    if writer is not None:
+        writer.close()
+    return TrainResult(out_path, config.total_timesteps, wall, evaluations, best)
+
+
+def finetune(from_checkpoint: str | os.PathLike[str], traces: Trace | Sequence[Trace],
+             memory_limits: float | int | Sequence[float | int], out_path: str | os.PathLike[str], *,
+             total_timesteps: int | None = None, start_e: float = 0.2, learning_starts: int = 200,
+             lr_factor: float = 0.3, **kwargs: Any) -> TrainResult:
+    """Continue training ``from_checkpoint`` on ``traces`` (section 4.4.2: train on a small
+    graph, fine-tune on a large one).
+
+    The checkpoint's configuration is kept, with less exploration (``start_e``,
+    decaying over the first 30% of the steps), a learning rate scaled by
+    ``lr_factor`` and a short warm-up; ``config_overrides`` (a dict) changes any
+    other field.  The starting agent is evaluated first, so the result is never
+    worse than it on these traces.  Other keyword arguments go to :func:`train`.
+    """
+    _, config, _ = load_agent(from_checkpoint)
+    config = config.replace(start_e=start_e, learning_starts=learning_starts, exploration_fraction=0.3,
+                            learning_rate=config.learning_rate * lr_factor,
+                            total_timesteps=total_timesteps or max(config.total_timesteps // 4, 1000))
+    overrides = kwargs.pop("config_overrides", None) or {}
+    if overrides:
+        config = config.replace(**overrides)
+    return train(traces, memory_limits, out_path, config, init_from=from_checkpoint, **kwargs)

@@ -1,0 +1,111 @@
+"""Agent checkpoints: weights, configuration, format version, training traces' fingerprints.
+
+A checkpoint is a ``torch.save`` of plain containers and tensors only, so it
+loads with ``torch.load(weights_only=True)`` and cannot run code::
+
+    {"format": "dqn-swap-agent", "version": 1,
+     "config": {... DQNConfig ...}, "state_dict": {...},
+     "trace_fingerprints": [...], "training": {...}}
+
+Any problem (missing file, not a checkpoint, other version, corrupt weights)
+raises :class:`CheckpointError` with one line naming the file.  Saving never
+replaces an existing file unless ``overwrite=True``, and writes through a
+temporary file so a crash never leaves half a checkpoint under the real name.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import DQNConfig
+from .policy import QNetwork
+
+FORMAT = "dqn-swap-agent"
+VERSION = 1
+RESUME_FORMAT = "dqn-swap-agent-resume"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message is one line naming the file."""
+
+
+def _atomic_save(obj: Any, path: Path, overwrite: bool) -> Path:
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: already exists (pass overwrite=True / --force to replace it)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *,
+               trace_fingerprints: list[str], training: dict[str, Any] | None = None,
+               overwrite: bool = False) -> Path:
+    """Write an agent checkpoint (see the module docstring)."""
+    obj = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
+           "state_dict": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+           "trace_fingerprints": list(trace_fingerprints), "training": dict(training or {})}
+    return _atomic_save(obj, Path(path), overwrite)
+
+
+def _load_raw(path: Path, fmt: str) -> dict[str, Any]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint") from None
+    except PermissionError:
+        raise CheckpointError(f"{path}: permission denied") from None
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
+        raise CheckpointError(f"{path}: not a dqn-swap agent checkpoint ({first[:120]})") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError,
+            UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first[:120]})") from None
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise CheckpointError(f"{path}: not a dqn-swap agent checkpoint")
+    if obj.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {obj.get('version')} is not supported "
+                              f"(this dqn-swap reads version {VERSION})")
+    return obj
+
+
+def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork, DQNConfig, dict[str, Any]]:
+    """``(network, config, checkpoint dict)``; raises :class:`CheckpointError`."""
+    path = Path(path)
+    obj = _load_raw(path, FORMAT)
+    try:
+        config = DQNConfig.from_dict(dict(obj["config"]))
+        net = QNetwork(config)
+        net.load_state_dict(obj["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: corrupt checkpoint ({first[:160]})") from None
+    net.eval()
+    return net, config, obj
+
+
+def save_resume(path: Path, state: dict[str, Any]) -> Path:
+    """Training state for ``resume=True`` (always replaced: it is ours)."""
+    return _atomic_save({"format": RESUME_FORMAT, "version": VERSION, **state}, path, overwrite=True)
+
+
+def load_resume(path: Path) -> dict[str, Any]:
+    return _load_raw(path, RESUME_FORMAT)
+
+
+def resume_path(out_path: str | os.PathLike[str]) -> Path:
+    p = Path(out_path)
+    return p.with_name(p.name + ".resume")

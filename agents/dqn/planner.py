@@ -1,0 +1,171 @@
+"""Planners that use a trained agent, with the baselines' interface.
+
+* ``dqn`` (:class:`DQNPlanner`): greedy decoding of the learned Q-values -- at
+  every decision point take the valid action node of highest Q, until the
+  plan fits (or nothing can help).  No search: this is the agent's plan.
+* ``dqn-search`` (:class:`DQNSearchPlanner`): a separate planner that puts a
+  small search on top: at every decision point it tries the ``k`` actions of
+  highest Q in the simulator and keeps the one with the best one-step
+  lookahead (simulated reward plus the best Q of the state it leads to); it
+  returns the better of that plan and the greedy one.
+
+Both load a checkpoint (default ``checkpoints/default.pt``) and build the
+same environment the agent was trained in; every figure comes from the
+simulator.  The lead registers them under ``dqn`` and ``dqn-search``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dqn_swap.cost import DeviceProfile
+from dqn_swap.plan import Plan
+from dqn_swap.trace import Trace
+from env.swap_recompute import SwapRecomputeEnv
+
+from .checkpoint import load_agent
+from .config import DQNConfig
+from .policy import GraphBatcher, QNetwork, q_values
+
+DEFAULT_AGENT = Path(__file__).resolve().parents[2] / "checkpoints" / "default.pt"
+
+
+def make_env(trace: Trace, memory_limit: float | int, profile: str | DeviceProfile | None,
+             config: DQNConfig, **kwargs: Any) -> SwapRecomputeEnv:
+    """The environment an agent with ``config`` was trained in."""
+    return SwapRecomputeEnv(trace, memory_limit, profile, graph=config.graph,
+                            infeasible_penalty=config.infeasible_penalty,
+                            invalid_penalty=config.invalid_penalty, **kwargs)
+
+
+@torch.no_grad()
+def greedy_q(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) -> np.ndarray:
+    """Q of every node of ``env``'s current state (invalid nodes ``-inf``)."""
+    key = batcher.register(env.graph)
+    st = env.state()
+    q, _, _ = q_values(net, batcher, [(key, st)])
+    q = q.numpy().astype(np.float64)
+    q[~st.valid] = -np.inf
+    return q
+
+
+@torch.no_grad()
+def greedy_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) -> dict[str, Any]:
+    """Run one episode taking the argmax-Q valid action each step; returns its summary."""
+    env.reset(seed=0)
+    ret, steps, done = 0.0, 0, False
+    while not done:
+        a = int(np.argmax(greedy_q(net, batcher, env)))
+        _, r, term, trunc, info = env.step(a)
+        ret += r
+        steps += 1
+        done = term or trunc
+    return episode_summary(env, ret, steps)
+
+
+def episode_summary(env: SwapRecomputeEnv, ret: float, steps: int) -> dict[str, Any]:
+    res = env.result
+    return {"return": float(ret), "overhead": float(res.overhead), "feasible": bool(res.feasible),
+            "penalty": float(env._penalty), "peak_bytes": int(res.peak_bytes), "steps": steps,
+            "n_swap": sum(a.kind == 0 for a in env.actions),
+            "n_recompute": sum(a.kind == 1 for a in env.actions)}
+
+
+class DQNPlanner:
+    """``plan(trace, memory_limit, profile) -> Plan`` by greedy decoding of a trained agent."""
+
+    name = "dqn"
+
+    def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, threads: int | None = None) -> None:
+        self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
+        self.net, self.config, ckpt = load_agent(self.agent_path)
+        self.training = ckpt.get("training", {})
+        self.threads = threads
+
+    def _settings(self, **extra: Any) -> dict[str, Any]:
+        return {"agent": str(self.agent_path), "graph": self.config.graph, **extra}
+
+    def _env(self, trace: Trace, memory_limit: int, profile: Any) -> SwapRecomputeEnv:
+        if isinstance(profile, str) or profile is None or isinstance(profile, DeviceProfile):
+            return make_env(trace, int(memory_limit), profile, self.config)
+        raise TypeError(f"profile must be a name or a DeviceProfile, not {type(profile).__name__}")
+
+    def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        t0 = time.perf_counter()
+        env = self._env(trace, memory_limit, profile)
+        summary = greedy_episode(self.net, GraphBatcher(), env)
+        return env.plan(self.name, self._settings(steps=summary["steps"],
+                                                  plan_seconds=round(time.perf_counter() - t0, 3)))
+
+
+class DQNSearchPlanner(DQNPlanner):
+    """Greedy decoding plus a top-``k`` one-step lookahead in the simulator (a separate planner)."""
+
+    name = "dqn-search"
+
+    def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, k: int = 4,
+                 threads: int | None = None) -> None:
+        super().__init__(agent_path, threads=threads)
+        self.k = int(k)
+
+    @torch.no_grad()
+    def _search_episode(self, env: SwapRecomputeEnv, batcher: GraphBatcher) -> None:
+        env.reset(seed=0)
+        done = False
+        while not done:
+            q = greedy_q(self.net, batcher, env)
+            order = [int(i) for i in np.argsort(-q, kind="stable")[: self.k] if np.isfinite(q[i])]
+            best, best_score = order[0], -np.inf
+            if len(order) > 1:
+                for a in order:
+                    r, term, next_q = self._peek(env, a, batcher)
+                    score = r * self.config.reward_scale + (0.0 if term else next_q)
+                    if score > best_score:
+                        best, best_score = a, score
+            _, _, term, trunc, _ = env.step(best)
+            done = term or trunc
+
+    def _peek(self, env: SwapRecomputeEnv, a: int, batcher: GraphBatcher) -> tuple[float, bool, float]:
+        """Simulated reward of ``a``, whether it ends the episode, and the best Q after it; env unchanged."""
+        saved = (list(env.actions), env._acted.copy(), env._chosen.copy(), env._overhead, env._penalty, env._steps, env._done,
+                 env.result, env._feasible, env._op, env._deficit, env._valid, env.episode_return)
+        _, r, term, trunc, _ = env.step(a)
+        next_q = 0.0 if (term or trunc) else float(np.max(greedy_q(self.net, batcher, env)))
+        (env.actions, env._acted, env._chosen, env._overhead, env._penalty, env._steps, env._done, env.result,
+         env._feasible, env._op, env._deficit, env._valid, env.episode_return) = saved
+        return r, term, next_q
+
+    def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        t0 = time.perf_counter()
+        batcher = GraphBatcher()
+        env = self._env(trace, memory_limit, profile)
+        self._search_episode(env, batcher)
+        search_plan = env.plan(self.name, self._settings(k=self.k, decoded="search"))
+        search_cost = (env.result.overhead if env.feasible else np.inf)
+        greedy = greedy_episode(self.net, batcher, env)
+        greedy_cost = greedy["overhead"] if greedy["feasible"] else np.inf
+        if greedy_cost < search_cost or (not np.isfinite(search_cost) and not np.isfinite(greedy_cost)):
+            plan = env.plan(self.name, self._settings(k=self.k, decoded="greedy"))
+        else:
+            plan = search_plan
+        plan.settings["plan_seconds"] = round(time.perf_counter() - t0, 3)
+        return plan
+
+
+def get_dqn_planner(name: str = "dqn", agent_path: str | os.PathLike[str] | None = None, **kwargs: Any):  # noqa: ANN201
+    """``dqn`` or ``dqn-search``."""
+    if name == "dqn":
+        return DQNPlanner(agent_path, **kwargs)
+    if name == "dqn-search":
+        return DQNSearchPlanner(agent_path, **kwargs)
+    raise ValueError(f"unknown DQN planner {name!r}; choose 'dqn' or 'dqn-search'")

@@ -1,0 +1,163 @@
+"""The Q-network: structure2vec embedding (Eq. 1), graph state (Eq. 2), Q head (Eq. 3).
+
+Also :class:`GraphBatcher`, the learner's fast path: the static graph of each
+trace is turned into tensors once; a batch of states only writes the columns
+that change (validity, node under execution, deficit, time to the decision
+point, memory limit) into copies of the static node features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing
+from torch_geometric.utils import scatter
+
+from env.candidates import F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, N_FEATURES, ActionGraph
+from env.swap_recompute import DynamicState
+
+from .config import DQNConfig
+
+
+class S2VConv(MessagePassing):
+    r"""One structure2vec iteration (Eq. 1 of the DQN paper; Dai et al., 2017):
+
+    .. math::
+
+        s_v^{t+1} = \mathrm{ReLU}\Big(W_1 x_v + W_2 \sum_{u \in \mathcal N(v)} s_u^t
+                    + W_3 \sum_{u \in \mathcal N(v)} \mathrm{ReLU}\big(W_4\, w(u, v)\big)\Big)
+
+    with :math:`W_1 \in \mathbb R^{p \times F}`, :math:`W_2, W_3 \in \mathbb R^{p \times p}`,
+    :math:`W_4 \in \mathbb R^{p \times 1}`, :math:`w(u, v)` the edge's time lag and
+    :math:`\mathcal N(v)` the neighbours of ``v`` *and v itself* (a self loop
+    of lag 0).  The paper's ``F`` is 6; ours is the environment's 11 columns.
+    ``bias=True`` gives every map a bias (the paper writes none).
+
+    The two terms that do not depend on :math:`s^t` are the same in every
+    iteration; :meth:`static_term` computes them once and :meth:`forward`
+    takes them, so ``T`` iterations cost ``T`` sparse sums.
+    """
+
+    def __init__(self, in_features: int, p: int, bias: bool = True) -> None:
+        super().__init__(aggr="add")
+        self.w1 = nn.Linear(in_features, p, bias=bias)
+        self.w2 = nn.Linear(p, p, bias=False)
+        self.w3 = nn.Linear(p, p, bias=False)
+        self.w4 = nn.Linear(1, p, bias=bias)
+
+    def static_term(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor) -> Tensor:
+        """:math:`W_1 x_v + W_3 \\sum_{u \\in N(v)} ReLU(W_4 w(u, v))` (self loop included)."""
+        n = x.size(0)
+        e = torch.relu(self.w4(edge_weight.view(-1, 1)))
+        agg = scatter(e, edge_index[1], dim=0, dim_size=n, reduce="sum")
+        agg = agg + torch.relu(self.w4(edge_weight.new_zeros(1, 1)))  # the self loop, lag 0
+        return self.w1(x) + self.w3(agg)
+
+    def forward(self, s: Tensor, edge_index: Tensor, static: Tensor) -> Tensor:  # noqa: D102
+        return torch.relu(static + self.w2(self.propagate(edge_index, x=s) + s))
+
+    def message(self, x_j: Tensor) -> Tensor:  # noqa: D102
+        return x_j
+
+
+class QNetwork(nn.Module):
+    r"""Q-values of every node of a batch of graphs.
+
+    * node states :math:`s^T` by ``T`` iterations of :class:`S2VConv` from :math:`s^0 = 0`;
+    * graph state (Eq. 2) :math:`g = [W_5 \sum_{u} s_u^T,\; W_6 s_c^T]` with ``c`` the node
+      under execution (``readout="mean"`` averages instead of summing);
+    * Q head (Eq. 3) :math:`\hat Q(g, s_a^T) = W_7\, \mathrm{ReLU}([g, W_8 s_a^T])` for every node ``a``
+      (``head="mlp"``: :math:`W_7` is a two-layer perceptron).
+    """
+
+    def __init__(self, config: DQNConfig, in_features: int = N_FEATURES) -> None:
+        super().__init__()
+        p, bias = config.p, config.bias
+        if config.readout not in ("sum", "mean"):
+            raise ValueError(f"readout must be 'sum' or 'mean', not {config.readout!r}")
+        self.T = config.T
+        self.readout = config.readout
+        self.conv = S2VConv(in_features, p, bias)
+        self.w5 = nn.Linear(p, p, bias=bias)
+        self.w6 = nn.Linear(p, p, bias=bias)
+        if config.head not in ("eq3", "mlp"):
+            raise ValueError(f"head must be 'eq3' or 'mlp', not {config.head!r}")
+        self.w7 = nn.Linear(3 * p, 1, bias=bias) if config.head == "eq3" else nn.Sequential(
+            nn.Linear(3 * p, p, bias=bias), nn.ReLU(), nn.Linear(p, 1, bias=bias))
+        self.w8 = nn.Linear(p, p, bias=bias)
+
+    def embed(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+        static = self.conv.static_term(x, edge_index, edge_attr)
+        s = torch.relu(static)  # s^1: W2 * sum(s^0) = 0
+        for _ in range(self.T - 1):
+            s = self.conv(s, edge_index, static)
+        return s
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, current: Tensor,
+                num_graphs: int) -> Tensor:
+        """Q-value of every node (shape ``(N,)``); ``current`` holds global node indices."""
+        s = self.embed(x, edge_index, edge_attr)
+        pooled = scatter(s, batch, dim=0, dim_size=num_graphs, reduce=self.readout)
+        g = torch.cat([self.w5(pooled), self.w6(s[current])], dim=1)
+        return self.w7(torch.relu(torch.cat([g[batch], self.w8(s)], dim=1))).squeeze(1)
+
+
+class GraphBatcher:
+    """Turns ``(graph, DynamicState)`` pairs into one disjoint-union batch of tensors."""
+
+    def __init__(self) -> None:
+        self._static: dict[int, tuple[ActionGraph, Tensor, Tensor, Tensor]] = {}
+
+    def register(self, graph: ActionGraph) -> int:
+        key = id(graph)
+        if key not in self._static:
+            self._static[key] = (graph, torch.from_numpy(graph.x_static), torch.from_numpy(graph.edge_index),
+                                 torch.from_numpy(graph.edge_attr).view(-1))
+        return key
+
+    def batch(self, items: Sequence[tuple[int, DynamicState]]):  # noqa: ANN201
+        xs, eis, eas, bs, cur, offsets = [], [], [], [], [], []
+        off = 0
+        for i, (key, st) in enumerate(items):
+            _, x0, ei, ea = self._static[key]
+            x = x0.clone()
+            x[:, F_VALID] = torch.from_numpy(np.asarray(st.valid, dtype=np.float32))
+            x[:, F_LIMIT] = st.limit
+            x[st.current, F_EXEC] = 1.0
+            x[:, F_DEFICIT] = st.deficit
+            x[:, F_TVIOL] = torch.from_numpy(np.asarray(st.time_to_violation, dtype=np.float32))
+            x[:, F_CHOSEN] = torch.from_numpy(np.asarray(st.chosen, dtype=np.float32))
+            n = x.size(0)
+            xs.append(x)
+            eis.append(ei + off if off else ei)
+            eas.append(ea)
+            bs.append(torch.full((n,), i, dtype=torch.long))
+            cur.append(off + st.current)
+            offsets.append(off)
+            off += n
+        return (torch.cat(xs), torch.cat(eis, dim=1), torch.cat(eas), torch.cat(bs),
+                torch.tensor(cur, dtype=torch.long), len(items), torch.tensor(offsets, dtype=torch.long))
+
+    def valid_mask(self, items: Sequence[tuple[int, DynamicState]]) -> Tensor:
+        return torch.from_numpy(np.concatenate([np.asarray(st.valid, dtype=bool) for _, st in items]))
+
+
+def q_values(net: QNetwork, batcher: GraphBatcher, items: Sequence[tuple[int, DynamicState]]):  # noqa: ANN201
+    """``(q, batch, offsets)``: Q of every node of every item, with the item index of each node."""
+    x, ei, ea, b, cur, n, offsets = batcher.batch(items)
+    return net(x, ei, ea, b, cur, n), b, offsets
+
+
+def masked_argmax(q: Tensor, valid: Tensor, batch: Tensor, num_graphs: int, offsets: Tensor) -> Tensor:
+    """Per graph, the local index of the valid node with the highest Q."""
+    qm = torch.where(valid, q, torch.full_like(q, -torch.inf))
+    best = scatter(qm, batch, dim=0, dim_size=num_graphs, reduce="max")
+    is_best = (qm == best[batch]) & valid
+    idx = torch.arange(q.numel())
+    # first best node per graph
+    first = scatter(torch.where(is_best, idx, torch.full_like(idx, q.numel())), batch, dim=0,
+                    dim_size=num_graphs, reduce="min")
+    return first - offsets

@@ -1,0 +1,334 @@
+#!/usr/bin/env python
+"""Benchmarks of the DQN planner: speed, plan quality against the baselines, transfer.
+
+Subcommands (each prints a table and writes JSON with ``--json``)::
+
+    python benchmarks/bench_dqn.py steps      # env steps/s on the ResNet-50 trace
+    python benchmarks/bench_dqn.py train      # wall time to train the ResNet-50 agent
+    python benchmarks/bench_dqn.py plan-time  # DQN plan time on the ResNet-1001 trace
+    python benchmarks/bench_dqn.py grid       # comparison grid: DQN vs every baseline
+    python benchmarks/bench_dqn.py transfer   # fine-tune vs from scratch (ResNet-152, ResNet-1001)
+    python benchmarks/bench_dqn.py ablation   # DQN improvements on a small network
+
+The grid is ResNet-50, VGG-16, U-Net, the LSTM and the GPT decoder at memory
+limits 90/70/50/30% of the way from ``trace.minimum_memory`` to
+``trace.peak_bytes``; ``--agents DIR`` names the per-network agents
+(``DIR/<model>.pt``, falling back to ``checkpoints/default.pt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GRID = {"resnet50": 64, "vgg16": 64, "unet": 8, "lstm": 64, "gpt": 8}
+LIMITS = (0.9, 0.7, 0.5, 0.3)
+PROFILE = "v100-pcie3"
+TRACE_DIR = ROOT / "runs" / "traces"
+CACHE = ROOT / "runs" / "baselines_cache.json"  # baseline figures per (model, limit, trace fingerprint)
+
+
+def get_trace(name: str, batch: int):
+    """Record (and cache under runs/traces) the trace of ``name`` at ``batch``."""
+    from dqn_swap.trace import Trace
+
+    from agents.dqn.report import load_trace_spec
+
+    TRACE_DIR.mkdir(parents=True, exist_ok=True)
+    path = TRACE_DIR / f"{name}_b{batch}.trace"
+    if path.exists():
+        return Trace.load(path)
+    trace = load_trace_spec(f"{name}:{batch}", PROFILE)
+    trace.save(path, overwrite=True)
+    return trace
+
+
+def write_json(obj: Any, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(obj, indent=1, default=float) + "\n")
+
+
+# ----------------------------------------------------------------------------- speed
+def bench_steps(args: argparse.Namespace) -> dict[str, Any]:
+    from env import SwapRecomputeEnv
+
+    trace = get_trace("resnet50", GRID["resnet50"])
+    out = {}
+    for limit in (0.7, 0.3):
+        env = SwapRecomputeEnv(trace, limit, PROFILE)
+        rng = np.random.default_rng(0)
+        env.reset(seed=0)
+        n, t0 = 0, time.perf_counter()
+        while n < args.n or time.perf_counter() - t0 < 1.0:
+            _, _, term, trunc, _ = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
+            n += 1
+            if term or trunc:
+                env.reset(seed=n)
+        dt = time.perf_counter() - t0
+        out[f"{int(limit * 100)}%"] = {"steps": n, "seconds": dt, "steps_per_s": n / dt,
+                                       "nodes": env.graph.n_nodes, "events": trace.n_events}
+        print(f"resnet50 b64 @ {int(limit * 100)}%: {n / dt:.1f} env steps/s ({n} steps, {dt:.1f} s; "
+              f"{env.graph.n_nodes} graph nodes, {trace.n_events} events)")
+    return out
+
+
+def bench_train(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.dqn import DQNConfig
+    from agents.dqn.algorithm import train
+
+    trace = get_trace("resnet50", GRID["resnet50"])
+    cfg = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 8, 1))
+    out = Path(args.out or ROOT / "runs" / "bench_resnet50.pt")
+    t0 = time.perf_counter()
+    res = train(trace, list(LIMITS), out, cfg, profile=PROFILE, log_dir=str(ROOT / "runs"),
+                run_name=f"bench_resnet50_{int(time.time())}", overwrite=True, threads=args.threads)
+    dt = time.perf_counter() - t0
+    print(f"trained the ResNet-50 agent ({args.steps} steps, limits {LIMITS}) in {dt / 60:.1f} min "
+          f"({args.steps / dt:.1f} steps/s); best score {res.best['score']:.4f}")
+    return {"steps": args.steps, "seconds": dt, "best": res.best, "path": str(out)}
+
+
+def bench_plan_time(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.dqn import DQNPlanner
+    from env import resolve_limit
+
+    trace = get_trace("resnet1001", 64)
+    planner = DQNPlanner(args.agent, threads=args.threads)
+    out = {}
+    for limit in args.limits:
+        lim = resolve_limit(trace, limit)
+        t0 = time.perf_counter()
+        plan = planner.plan(trace, lim, PROFILE)
+        dt = time.perf_counter() - t0
+        f = plan.figures
+        out[f"{int(limit * 100)}%"] = {"seconds": dt, "n_actions": len(plan.actions), "overhead": f.get("overhead"),
+                                       "feasible": f.get("feasible")}
+        print(f"resnet1001 b64 @ {int(limit * 100)}%: planned in {dt:.2f} s ({len(plan.actions)} actions, "
+              f"overhead {f.get('overhead')}, feasible {f.get('feasible')})")
+    return out
+
+
+# ----------------------------------------------------------------------------- quality
+def _figures(trace, plan, limit):
+    from dqn_swap.simulator import simulate
+
+    from dqn_swap.cost import get_profile
+
+    res = simulate(trace, plan, memory_limit=limit, profile=get_profile(PROFILE))
+    return {"feasible": bool(res.feasible), "overhead": float(res.overhead),
+            "makespan_over_lb": float(res.makespan_over_lower_bound), "n_actions": len(plan.actions)}
+
+
+def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.baselines import get_planner
+    from agents.dqn import DQNPlanner, DQNSearchPlanner
+    from env import resolve_limit
+
+    from agents.baselines import PLANNERS
+    from dqn_swap.cost import get_profile
+
+    names = [n for n in PLANNERS if n not in ("dqn", "dqn-search")]
+    prof = get_profile(PROFILE)
+    agents_dir = Path(args.agents) if args.agents else None
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() and not args.fresh else {}
+    rows, wins, cells, feas_ok = [], 0, 0, 0
+    for model in args.models:
+        trace = get_trace(model, GRID[model])
+        for frac in LIMITS:
+            agent = None  # per-cell agent, else per-network agent, else checkpoints/default.pt
+            for cand in (f"{model}@{round(frac * 100)}.pt", f"{model}.pt"):
+                if agents_dir and (agents_dir / cand).exists():
+                    agent = agents_dir / cand
+                    break
+            dqn, search = DQNPlanner(agent), (DQNSearchPlanner(agent) if args.search else None)
+            limit = resolve_limit(trace, frac)
+            cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": str(dqn.agent_path)}
+            key = f"{model}@{frac}@{trace.fingerprint}"
+            if key in cache:
+                cell.update(cache[key])
+            for name in names:
+                if name in cell:
+                    continue
+                try:
+                    t0 = time.perf_counter()
+                    plan = get_planner(name).plan(trace, limit, prof)
+                    cell[name] = _figures(trace, plan, limit) | {"seconds": time.perf_counter() - t0}
+                except Exception as e:  # a baseline that cannot plan this cell
+                    cell[name] = {"feasible": False, "overhead": float("inf"), "error": str(e)[:100]}
+            cache[key] = {n: cell[n] for n in names}
+            CACHE.write_text(json.dumps(cache, default=float))
+            t0 = time.perf_counter()
+            cell["dqn"] = _figures(trace, dqn.plan(trace, limit, PROFILE), limit) | {"seconds": time.perf_counter() - t0}
+            if search is not None:
+                t0 = time.perf_counter()
+                cell["dqn-search"] = _figures(trace, search.plan(trace, limit, PROFILE), limit) | {
+                    "seconds": time.perf_counter() - t0}
+            feas = [n for n in names if cell[n]["feasible"]]
+            best = min(feas, key=lambda n: cell[n]["overhead"]) if feas else None
+            cell["best_baseline"] = best
+            d = cell["dqn"]
+            ok_feas = d["feasible"] or not feas
+            win = ok_feas and (best is None or (d["feasible"] and d["overhead"] <= cell[best]["overhead"] * (1 + 1e-9) + 1e-12))
+            cell["dqn_wins"] = bool(win)
+            cells += 1
+            wins += win
+            feas_ok += ok_feas
+            rows.append(cell)
+            bo = f"{cell[best]['overhead']:.4f} ({best})" if best else "none feasible"
+            print(f"{model:9s} {int(frac * 100):3d}%  best baseline {bo:28s} dqn {d['overhead']:.4f} "
+                  f"feas {d['feasible']!s:5s} M/LB {d['makespan_over_lb']:.3f}"
+                  + (f"  dqn-search {cell['dqn-search']['overhead']:.4f}" if search else "")
+                  + ("  WIN" if win else ""), flush=True)
+    print(f"DQN <= best baseline in {wins}/{cells} cells ({100 * wins / max(cells, 1):.0f}%); "
+          f"feasible wherever a baseline is in {feas_ok}/{cells}")
+    return {"cells": rows, "wins": wins, "n_cells": cells, "feasible_ok": feas_ok}
+
+
+def bench_train_grid(args: argparse.Namespace) -> dict[str, Any]:
+    """Fine-tune the shipped agent on every grid cell (one network, one limit), as in the
+    paper's Figure 3: the user's network and limit go in, training returns the agent."""
+    from agents.dqn.algorithm import finetune
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for spec in args.models:
+        model, _, steps = spec.partition(":")
+        steps = int(steps or args.steps)
+        trace = get_trace(model, GRID[model])
+        for frac in LIMITS:
+            name = f"{model}@{round(frac * 100)}"
+            if args.only and name not in args.only:
+                continue
+            start = out_dir / f"{name}.pt" if args.again and (out_dir / f"{name}.pt").exists() else args.agent
+            t0 = time.perf_counter()
+            res = finetune(start, trace, [frac], out_dir / f"{name}.pt", total_timesteps=steps,
+                           start_e=args.start_e, config_overrides={"eval_every": max(steps // 6, 1),
+                                                                   "batch_size": args.batch_size, "seed": args.seed},
+                           profile=PROFILE, log_dir=str(ROOT / "runs"), run_name=f"grid_{name}",
+                           overwrite=True, threads=args.threads, command=" ".join(sys.argv))
+            out[name] = {"steps": steps, "seconds": time.perf_counter() - t0, "best": res.best, "from": str(start),
+                         "start": res.evaluations[0]["score"]}
+            print(f"{name}: {steps} steps in {out[name]['seconds']:.0f} s; greedy score {out[name]['start']:.4f} "
+                  f"-> best {res.best['score']:.4f} (step {res.best.get('step')})", flush=True)
+            (out_dir / f"{name}.pt.resume").unlink(missing_ok=True)
+    return out
+
+
+def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.dqn import DQNConfig
+    from agents.dqn.algorithm import finetune, train
+    from agents.dqn.report import plot_curves
+
+    out: dict[str, Any] = {}
+    curves = {}
+    for spec in args.models:
+        name, _, batch = spec.partition(":")
+        trace = get_trace(name, int(batch))
+        base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1))
+        d = ROOT / "runs" / "transfer"
+        scratch = train(trace, list(LIMITS), d / f"{name}_scratch.pt", base, profile=PROFILE, log_dir=str(ROOT / "runs"),
+                        run_name=f"transfer_{name}_scratch", overwrite=True, threads=args.threads)
+        ft_steps = int(args.steps * args.fraction)
+        ft = finetune(args.agent, trace, list(LIMITS), d / f"{name}_finetune.pt", total_timesteps=ft_steps,
+                      config_overrides={"eval_every": max(ft_steps // 6, 1)}, profile=PROFILE,
+                      log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune", overwrite=True,
+                      threads=args.threads)
+        s_best, f_best = scratch.best["score"], ft.best["score"]
+        out[name] = {"scratch_steps": args.steps, "finetune_steps": ft_steps, "scratch_best": s_best,
+                     "finetune_best": f_best, "reached": f_best <= s_best * (1 + 1e-9) + 1e-12,
+                     "scratch_curve": [(e["step"], e["score"]) for e in scratch.evaluations],
+                     "finetune_curve": [(e["step"], e["score"]) for e in ft.evaluations]}
+        curves[f"{name} from scratch"] = out[name]["scratch_curve"]
+        curves[f"{name} fine-tuned"] = out[name]["finetune_curve"]
+        print(f"{name}: scratch best {s_best:.4f} in {args.steps} steps; fine-tuned best {f_best:.4f} "
+              f"in {ft_steps} steps ({100 * args.fraction:.0f}%) -> {'reached' if out[name]['reached'] else 'not reached'}")
+    if args.plot:
+        plot_curves(curves, args.plot, title="fine-tuning the shipped agent vs training from scratch")
+    return out
+
+
+def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
+    from agents.dqn import DQNConfig
+    from agents.dqn.algorithm import train
+
+    variants = {
+        "all (default)": {},
+        "paper (no target, 1-step, no double, no mask)": dict(target_network=False, n_step=1, double_q=False,
+                                                               mask_target=False),
+        "- target network": dict(target_network=False),
+        "- n-step (n=1)": dict(n_step=1),
+        "- double Q": dict(double_q=False),
+        "- masked target": dict(mask_target=False),
+        "+ prioritized replay": dict(prioritized=True),
+        "readout sum (Eq. 2)": dict(readout="sum"),
+        "events graph (sec. 4.2)": dict(graph="events"),
+    }
+    traces = [get_trace(*s.split(":")[:1], int(s.split(":")[1])) for s in args.models]
+    rows = {}
+    for name, change in variants.items():
+        scores = []
+        for seed in range(args.seeds):
+            cfg = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 5, 1), seed=seed, **change)
+            t0 = time.perf_counter()
+            res = train(traces, list(LIMITS), ROOT / "runs" / "ablation" / f"{len(rows)}_{seed}.pt", cfg,
+                        profile=PROFILE, log_dir=None, overwrite=True, threads=args.threads)
+            scores.append((res.best["score"], res.evaluations[-1]["score"], time.perf_counter() - t0))
+        s = np.array(scores)
+        rows[name] = {"best": float(s[:, 0].mean()), "final": float(s[:, 1].mean()), "seconds": float(s[:, 2].mean()),
+                      "seeds": args.seeds}
+        print(f"| {name:46s} | {rows[name]['best']:.4f} | {rows[name]['final']:.4f} | {rows[name]['seconds']:.0f} |",
+              flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("steps"); p.add_argument("--n", type=int, default=300)
+    p = sub.add_parser("train"); p.add_argument("--steps", type=int, default=20000); p.add_argument("--out")
+    p = sub.add_parser("plan-time"); p.add_argument("--agent"); p.add_argument("--limits", nargs="+", type=float,
+                                                                              default=[0.7, 0.3])
+    p = sub.add_parser("grid"); p.add_argument("--agents"); p.add_argument("--search", action="store_true")
+    p.add_argument("--fresh", action="store_true", help="re-run the baselines instead of using runs/baselines_cache.json")
+    p.add_argument("--models", nargs="+", default=list(GRID))
+    p = sub.add_parser("train-grid"); p.add_argument("--agent", default=str(ROOT / "checkpoints" / "default.pt"))
+    p.add_argument("--models", nargs="+", default=list(GRID), help="model or model:steps")
+    p.add_argument("--steps", type=int, default=3000); p.add_argument("--start-e", type=float, default=0.3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--only", nargs="*", help="cells to train, e.g. vgg16@30")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--again", action="store_true", help="start each cell from its agent in --out-dir if there is one")
+    p.add_argument("--out-dir", default=str(ROOT / "checkpoints" / "grid"))
+    p = sub.add_parser("transfer"); p.add_argument("--agent", default=str(ROOT / "checkpoints" / "default.pt"))
+    p.add_argument("--models", nargs="+", default=["resnet152:32", "resnet1001:64"])
+    p.add_argument("--steps", type=int, default=10000); p.add_argument("--fraction", type=float, default=0.3)
+    p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
+    p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
+    p.add_argument("--steps", type=int, default=3000); p.add_argument("--seeds", type=int, default=2)
+    for p in sub.choices.values():
+        p.add_argument("--json", help="write the results here")
+        p.add_argument("--threads", type=int)
+    args = ap.parse_args(argv)
+    fn = {"steps": bench_steps, "train": bench_train, "plan-time": bench_plan_time, "grid": bench_grid, "train-grid": bench_train_grid,
+          "transfer": bench_transfer, "ablation": bench_ablation}[args.cmd]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    write_json(fn(args), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

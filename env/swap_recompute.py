@@ -1,0 +1,344 @@
+"""The swap/recompute planning environment (sections 4.5-4.10 of the DQN paper)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from dqn_swap.cost import DeviceProfile, get_profile
+from dqn_swap.plan import Action, Plan
+from dqn_swap.trace import Trace
+
+from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, FEATURES, N_FEATURES, ActionGraph,
+                         build_action_graph)
+
+
+@dataclass(frozen=True)
+class DynamicState:
+    """What changes between steps: the learner's fast path (see :meth:`SwapRecomputeEnv.state`).
+
+    ``valid`` (bool per node), ``current`` (node under execution), ``deficit``
+    and ``limit`` (transformed scalars), ``time_to_violation`` (float per
+    node, zero where not valid) and ``chosen`` (bool per node: its action is
+    in the plan) are all the observation adds to the static
+    :class:`~env.candidates.ActionGraph`.
+    """
+
+    valid: np.ndarray
+    current: int
+    limit: float
+    deficit: float
+    time_to_violation: np.ndarray
+    chosen: np.ndarray
+
+
+def resolve_limit(trace: Trace, limit: float | int) -> int:
+    """A memory limit in bytes: a float in ``(0, 1]`` is the fraction of the way from
+    ``trace.minimum_memory`` to ``trace.peak_bytes``; anything else is bytes."""
+    if isinstance(limit, (float, np.floating)) and 0.0 < float(limit) <= 1.0:
+        lo, hi = trace.minimum_memory, trace.peak_bytes
+        return int(lo + float(limit) * (hi - lo))
+    value = int(limit)
+    if value <= 0:
+        raise ValueError(f"memory limit must be positive, got {limit!r}")
+    return value
+
+
+class SwapRecomputeEnv(gym.Env):
+    """Choose tensors to swap to host memory or to recompute until a training
+    iteration fits in a memory limit.
+
+    ## Description
+
+    The environment of section 4 of Chen, "GPU memory management for neural
+    networks using deep Q-network".  One episode builds one plan for one
+    recorded training iteration (a :class:`~dqn_swap.trace.Trace`) and one
+    memory limit.  Every transition and reward comes from
+    :class:`dqn_swap.simulator.Simulator` (one instance per environment, run
+    once per step); the environment has no model of time of its own.
+
+    The agent acts at *decision points* only: the op at which the simulated
+    iteration, with the actions chosen so far, first needs more memory than
+    the limit (the simulator's ``infeasible.op``).  This is the node under
+    execution of section 4.6, advanced by the simulator straight to the next
+    place where an action is needed, so that episodes are as long as the
+    plan (tens to thousands of actions), not as the trace (up to 10^5
+    events).  Doing nothing at other nodes is implied.
+
+    ## Action Space
+
+    ``Discrete(n_nodes)``: the index of a node (section 4.5).  Node 0 stands
+    for *doing nothing*; every other action node stands for exactly one
+    action: **swap** (offload the tensor after its decision event and
+    prefetch it before its next read) or **recompute** (free it after its
+    decision event and re-run its producer before its next read).  Decision
+    events and action nodes are chosen by the heuristic of
+    :mod:`env.candidates`.  In the ``"events"`` graph, nodes that stand for
+    no action exist too; they are never valid.
+
+    An action is valid when its tensor has no action yet and it frees memory
+    at the decision point (its decision event runs before that op and its
+    next read after it).  *Do nothing* is valid only when no other action is
+    (the plan is already feasible, or nothing can help).
+    ``info["action_mask"]`` and :meth:`action_masks` give the valid actions.
+    An invalid action changes nothing and costs ``invalid_penalty``; it never
+    raises.
+
+    ## Observation Space
+
+    A :class:`gymnasium.spaces.Graph`: ``nodes`` ``(n_nodes, 11)`` float32,
+    ``edges`` ``(n_edges, 1)`` float32 time lags, ``edge_links``
+    ``(n_edges, 2)`` (both directions).  Node feature columns
+    (:data:`env.candidates.FEATURES`):
+
+    ====  ===================  ====================================================
+    col   name                 meaning
+    ====  ===================  ====================================================
+    0     size                 ``log1p(bytes / s)``, ``s = (peak - minimum) / 100``
+    1     transfer_time        device-to-host copy time, ``log1p(t / (compute/1000))``
+    2     recompute_time       producer op's duration, same transform
+    3     time_to_next_use     time from the decision event to the next read
+    4     action_type          0 nothing, 1 swap, 2 recompute
+    5     valid                1 if the action is valid now
+    6     memory_limit         ``(limit - minimum) / (peak - minimum)`` (all nodes)
+    7     under_execution      1 on the node under execution (last node before
+                               the decision point), else 0
+    8     deficit              ``log1p((needed - available) / s)`` at the decision
+                               point (all nodes)
+    9     time_to_violation    time from the decision event to the decision point
+                               (valid nodes), time transform
+    10    chosen               1 if the node's action is already in the plan
+    ====  ===================  ====================================================
+
+    Columns 0-5 are the six features of section 4.4.1; 6 is the memory limit
+    (one agent serves many limits); 7-10 are ours.  Edge lags use the time
+    transform.  The static structure never changes during an episode: the fast
+    path for learners is :attr:`graph` (an :class:`~env.candidates.ActionGraph`,
+    built once per trace) plus :meth:`state` (a :class:`DynamicState`).
+
+    ## Rewards
+
+    Section 4.7: minus the overhead the action adds, from the simulator:
+    ``r_t = -(overhead(A_t) - overhead(A_{t-1}))`` with ``A_t`` the actions so
+    far and ``overhead = (makespan - compute) / compute`` (0 for the empty
+    plan; for a plan that does not fit yet, the simulator's overhead accrued
+    before it got stuck, so intermediate rewards are the stalls the action
+    adds up to the next decision point).  The returns of an episode therefore add up to minus the simulated
+    overhead of the plan it produced, minus penalties: ``infeasible_penalty``
+    when the episode ends with the limit still exceeded, ``invalid_penalty``
+    per invalid action (``info["penalty"]`` is their running sum).
+
+    ## Starting State
+
+    The empty plan; the node under execution is the first decision point.
+    Deterministic: ``reset(seed=...)`` only seeds ``np_random``.
+
+    ## Episode End
+
+    Terminated (section 4.10) when the simulated plan fits the limit (or
+    after *do nothing*), or when it does not fit and no action can help
+    (penalised).  Truncated after ``max_episode_steps`` steps (default
+    twice the number of action nodes plus 8), which only invalid actions
+    can reach.  ``info["plan_actions"]``, ``info["overhead"]``,
+    ``info["feasible"]`` describe the plan; :meth:`plan` returns it as a
+    :class:`~dqn_swap.plan.Plan`.
+
+    ## Arguments
+
+    ``trace`` (Trace), ``memory_limit`` (bytes, or a float in (0, 1]: that
+    fraction of the way from ``trace.minimum_memory`` to ``trace.peak_bytes``),
+    ``profile`` (name or :class:`~dqn_swap.cost.DeviceProfile`, default the
+    trace's), ``graph`` (``"candidates"`` or ``"events"``),
+    ``infeasible_penalty`` (1.0), ``invalid_penalty`` (0.1),
+    ``max_episode_steps``, ``simulator`` (reuse a Simulator for this trace
+    and limit), ``action_graph`` (reuse the static graph of this trace).
+
+    ``gymnasium.make("dqn_swap/SwapRecompute-v0", trace=..., memory_limit=...)``
+    works after ``import env``.
+
+    ## Version History
+
+    * v0: first version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, trace: Trace, memory_limit: float | int, profile: str | DeviceProfile | None = None,
+                 *, graph: str = "candidates", infeasible_penalty: float = 1.0, invalid_penalty: float = 0.1,
+                 max_episode_steps: int | None = None, simulator: Any = None,
+                 action_graph: ActionGraph | None = None, render_mode: str | None = None) -> None:
+        from dqn_swap.simulator import Simulator
+
+        if not isinstance(trace, Trace):
+            raise TypeError(f"trace must be a dqn_swap Trace, not {type(trace).__name__}")
+        if profile is None:
+            profile = trace.meta.get("profile") or "v100-pcie3"
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        self.trace = trace
+        self.memory_limit = resolve_limit(trace, memory_limit)
+        self.sim = simulator if simulator is not None else Simulator(trace, self.memory_limit, self.profile)
+        self.graph = action_graph if action_graph is not None else build_action_graph(
+            trace, self.profile, self.sim.valid_actions(), graph)
+        self.infeasible_penalty = float(infeasible_penalty)
+        self.invalid_penalty = float(invalid_penalty)
+        self.render_mode = render_mode
+        g = self.graph
+        self.max_episode_steps = int(max_episode_steps or 2 * len(g.action_nodes) + 8)
+        lo, hi = trace.minimum_memory, trace.peak_bytes
+        self._limit_feature = float(np.clip((self.memory_limit - lo) / max(hi - lo, 1), -1.0, 2.0))
+        self.action_space = spaces.Discrete(g.n_nodes)
+        self.observation_space = spaces.Graph(
+            node_space=spaces.Box(-np.inf, np.inf, (N_FEATURES,), np.float32),
+            edge_space=spaces.Box(0.0, np.inf, (1,), np.float32))
+        self._edge_links = np.ascontiguousarray(g.edge_index.T)
+        self._op_start = trace.op_start
+        self._empty = None  # simulated result of the empty plan, computed once
+        self._reset_state()
+
+    # ------------------------------------------------------------------ state
+    def _reset_state(self) -> None:
+        self.actions: list[Action] = []
+        self._acted = np.zeros(self.trace.n_tensors, dtype=bool)
+        self._chosen = np.zeros(self.graph.n_nodes, dtype=bool)
+        self._overhead = 0.0
+        self._penalty = 0.0
+        self._steps = 0
+        self._done = False
+        self.result = None
+        self.episode_return = 0.0
+
+    def _simulate(self) -> None:
+        if not self.actions and self._empty is not None:
+            res = self._empty
+        else:
+            res = self.sim.run(list(self.actions))
+            if not self.actions:
+                self._empty = res
+        self.result = res
+        self._feasible = bool(res.feasible)
+        g = self.graph
+        if self._feasible:
+            self._op = -1
+            self._deficit = 0.0
+            valid = np.zeros(g.n_nodes, dtype=bool)
+        else:
+            inf = res.infeasible
+            op = int(inf.op) if inf is not None and inf.op is not None else int(res.peak_op)
+            self._op = op
+            need = float(inf.needed - inf.available) if inf is not None else float(res.peak_bytes - self.memory_limit)
+            self._deficit = max(need, 0.0)
+            valid = ((g.event_op >= 0) & (g.event_op < op) & (g.reuse_op > op))
+            valid &= ~self._acted[np.maximum(g.tensor, 0)]
+        if not valid.any():
+            valid[0] = True  # nothing to do, or nothing can help: only "do nothing"
+        self._valid = valid
+
+    def _stuck(self) -> bool:
+        return not self._feasible and bool(self._valid[0])
+
+    def state(self) -> DynamicState:
+        """The dynamic part of the observation (fast path for learners)."""
+        g = self.graph
+        if self._feasible:
+            cur, tv = 0, np.zeros(g.n_nodes, dtype=np.float32)
+        else:
+            cur = int(np.searchsorted(g.node_op, self._op, side="left")) - 1
+            cur = max(cur, 0)
+            t_viol = self._op_start[self._op]
+            tv = np.where(self._valid, np.log1p(np.maximum(t_viol - g.event_time, 0.0) / g.time_scale), 0.0)
+            tv = tv.astype(np.float32)
+        return DynamicState(valid=self._valid.copy(), current=cur, limit=self._limit_feature,
+                            deficit=float(np.log1p(self._deficit / g.size_scale)), time_to_violation=tv,
+                            chosen=self._chosen.copy())
+
+    def node_features(self, st: DynamicState | None = None) -> np.ndarray:
+        st = st or self.state()
+        x = self.graph.x_static.copy()
+        x[:, F_VALID] = st.valid
+        x[:, F_LIMIT] = st.limit
+        x[st.current, F_EXEC] = 1.0
+        x[:, F_DEFICIT] = st.deficit
+        x[:, F_TVIOL] = st.time_to_violation
+        x[:, F_CHOSEN] = st.chosen
+        return x
+
+    def _obs(self) -> spaces.GraphInstance:
+        # fresh arrays every call: users may keep (and modify) what we return
+        return spaces.GraphInstance(nodes=self.node_features(), edges=self.graph.edge_attr.copy(),
+                                    edge_links=self._edge_links.copy())
+
+    def action_masks(self) -> np.ndarray:
+        """Valid actions now (bool per node)."""
+        return self._valid.copy()
+
+    def _info(self) -> dict[str, Any]:
+        res = self.result
+        return {"action_mask": self._valid.copy(), "overhead": float(self._overhead),
+                "feasible": bool(self._feasible), "penalty": float(self._penalty),
+                "plan_actions": tuple(self.actions), "decision_op": int(self._op),
+                "deficit_bytes": float(self._deficit),
+                "peak_bytes": int(res.peak_bytes) if res is not None else None}
+
+    # -------------------------------------------------------------- gym API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # noqa: ANN201
+        super().reset(seed=seed)
+        self._reset_state()
+        self._simulate()
+        return self._obs(), self._info()
+
+    def step(self, action):  # noqa: ANN001, ANN201
+        if self.result is None:
+            raise RuntimeError("call reset() before step()")
+        self._steps += 1
+        a = int(action)
+        reward = 0.0
+        terminated = False
+        if self._done:
+            raise RuntimeError("episode is over; call reset()")
+        if not (0 <= a < self.graph.n_nodes) or not self._valid[a]:
+            reward = -self.invalid_penalty
+            self._penalty += self.invalid_penalty
+        elif a == 0 or self.graph.kind[a] == 0:
+            terminated = True
+        else:
+            act = self.graph.action(a)
+            self.actions.append(act)
+            self._acted[act.tensor] = True
+            self._chosen[a] = True
+            self._simulate()
+            overhead = float(self.result.overhead)
+            reward = -(overhead - self._overhead)
+            self._overhead = overhead
+            terminated = self._feasible or self._stuck()
+        if terminated and not self._feasible:
+            reward -= self.infeasible_penalty
+            self._penalty += self.infeasible_penalty
+        truncated = not terminated and self._steps >= self.max_episode_steps
+        self._done = terminated or truncated
+        self.episode_return += reward
+        return self._obs(), float(reward), terminated, truncated, self._info()
+
+    # ------------------------------------------------------------ results
+    @property
+    def feasible(self) -> bool:
+        return bool(self._feasible)
+
+    def plan(self, planner: str = "dqn", settings: dict[str, Any] | None = None) -> Plan:
+        """The plan of the actions taken so far, with the simulator's figures."""
+        figures = self.result.figures() if self.result is not None and hasattr(self.result, "figures") else {}
+        return Plan(actions=Plan.sorted_actions(self.actions), memory_limit=int(self.memory_limit),
+                    trace_fingerprint=self.trace.fingerprint, profile=self.profile.name, planner=planner,
+                    settings=dict(settings or {}), figures=figures)
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return (f"step {self._steps}: {len(self.actions)} actions, overhead {self._overhead:.4f}, "
+                f"feasible {self._feasible}, decision op {self._op}, deficit {self._deficit:.0f} B")
+
+
+__all__ = ["FEATURES", "DynamicState", "SwapRecomputeEnv", "resolve_limit"]

@@ -1,0 +1,83 @@
+"""Agent checkpoints: round trip, no silent overwrite, clear errors for bad files."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from agents.dqn import CheckpointError, DQNConfig, DQNPlanner, QNetwork, load_agent, save_agent
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    torch.manual_seed(0)
+    cfg = DQNConfig(p=8, T=2, total_timesteps=10)
+    net = QNetwork(cfg)
+    path = save_agent(tmp_path / "a.pt", net, cfg, trace_fingerprints=["abc"], training={"steps": 10})
+    return path, net, cfg
+
+
+def test_round_trip(saved):
+    path, net, cfg = saved
+    raw = torch.load(path, weights_only=True)  # plain data only
+    assert raw["format"] == "dqn-swap-agent" and raw["version"] == 1 and raw["trace_fingerprints"] == ["abc"]
+    net2, cfg2, obj = load_agent(path)
+    assert cfg2 == cfg and obj["training"]["steps"] == 10
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, net2.state_dict()[k])
+
+
+def test_never_overwrites_unless_asked(saved):
+    path, net, cfg = saved
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError):
+        save_agent(path, QNetwork(cfg), cfg, trace_fingerprints=[])
+    assert path.read_bytes() == before
+    save_agent(path, QNetwork(cfg), cfg, trace_fingerprints=[], overwrite=True)
+    assert path.read_bytes() != before
+
+
+def one_line_error(path) -> str:
+    with pytest.raises(CheckpointError) as err:
+        load_agent(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg
+    return msg
+
+
+def test_bad_checkpoints(tmp_path, saved):
+    path, net, cfg = saved
+    assert "no such file" in one_line_error(tmp_path / "missing.pt")
+    assert "directory" in one_line_error(tmp_path)
+    (tmp_path / "text.pt").write_text("hello")
+    one_line_error(tmp_path / "text.pt")
+    (tmp_path / "trunc.pt").write_bytes(path.read_bytes()[:200])
+    one_line_error(tmp_path / "trunc.pt")
+    torch.save({"format": "something-else"}, tmp_path / "other.pt")
+    assert "not a dqn-swap agent" in one_line_error(tmp_path / "other.pt")
+    raw = torch.load(path, weights_only=True)
+    torch.save({**raw, "version": 99}, tmp_path / "v99.pt")
+    assert "version 99" in one_line_error(tmp_path / "v99.pt")
+    torch.save({**raw, "state_dict": {"bogus": torch.zeros(1)}}, tmp_path / "weights.pt")
+    assert "corrupt" in one_line_error(tmp_path / "weights.pt")
+    torch.save({**raw, "config": {**raw["config"], "nope": 1}}, tmp_path / "cfg.pt")
+    one_line_error(tmp_path / "cfg.pt")
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_pickled_code_is_refused(tmp_path):
+    with open(tmp_path / "evil.pt", "wb") as f:
+        pickle.dump({"format": "dqn-swap-agent", "x": Evil()}, f)
+    one_line_error(tmp_path / "evil.pt")
+
+
+def test_planner_reports_bad_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError):
+        DQNPlanner(tmp_path / "nothing.pt")
+    assert issubclass(CheckpointError, ValueError)

@@ -1,0 +1,93 @@
+"""End-to-end: a short training run learns, is reproducible, resumes and fine-tunes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.dqn import DQNConfig, DQNPlanner, DQNSearchPlanner, finetune, load_agent, train
+from dqn_swap.simulator import simulate
+from env import SwapRecomputeEnv
+
+LIMIT = 0.3
+TINY = DQNConfig(p=16, T=2, total_timesteps=600, learning_starts=100, eval_every=150, target_update=100,
+                 buffer_size=5000, batch_size=16, train_frequency=2, exploration_fraction=0.5)
+
+
+def random_returns(trace, limit, episodes=12):
+    e = SwapRecomputeEnv(trace, limit)
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(episodes):
+        e.reset(seed=i)
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = e.step(int(rng.choice(np.flatnonzero(e.action_masks()))))
+            total, done = total + r, term or trunc
+        out.append(total)
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_resnet_trace, tmp_path_factory):
+    path = tmp_path_factory.mktemp("agent") / "tiny.pt"
+    result = train(tiny_resnet_trace, LIMIT, path, TINY, log_dir=None, progress=False)
+    return path, result
+
+
+def test_training_beats_random_actions(tiny_resnet_trace, trained):
+    path, result = trained
+    plan = DQNPlanner(path).plan(tiny_resnet_trace, SwapRecomputeEnv(tiny_resnet_trace, LIMIT).memory_limit,
+                                 "v100-pcie3")
+    res = simulate(tiny_resnet_trace, plan)
+    assert res.feasible
+    rand = random_returns(tiny_resnet_trace, LIMIT)
+    assert -res.overhead > rand.mean()
+    assert plan.planner == "dqn" and plan.trace_fingerprint == tiny_resnet_trace.fingerprint
+    assert plan.figures  # simulated figures travel with the plan
+    assert result.best["score"] <= result.evaluations[0]["score"] + 1e-12
+
+
+def test_search_planner_is_no_worse_than_greedy(tiny_resnet_trace, trained):
+    path, _ = trained
+    limit = SwapRecomputeEnv(tiny_resnet_trace, LIMIT).memory_limit
+    greedy = simulate(tiny_resnet_trace, DQNPlanner(path).plan(tiny_resnet_trace, limit, "v100-pcie3"))
+    search = simulate(tiny_resnet_trace, DQNSearchPlanner(path, k=3).plan(tiny_resnet_trace, limit, "v100-pcie3"))
+    assert search.feasible and search.overhead <= greedy.overhead + 1e-12
+
+
+def test_same_seed_same_agent(tiny_resnet_trace, tmp_path):
+    cfg = TINY.replace(total_timesteps=100, learning_starts=50, eval_every=1000)
+    a = train(tiny_resnet_trace, LIMIT, tmp_path / "a.pt", cfg, log_dir=None, progress=False)
+    b = train(tiny_resnet_trace, LIMIT, tmp_path / "b.pt", cfg, log_dir=None, progress=False)
+    wa, wb = load_agent(a.path)[0].state_dict(), load_agent(b.path)[0].state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_refuses_to_overwrite_and_resumes(tiny_resnet_trace, tmp_path):
+    cfg = TINY.replace(total_timesteps=80, learning_starts=40, eval_every=40)
+    out = tmp_path / "r.pt"
+    train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False)
+    with pytest.raises(FileExistsError):
+        train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False)
+    longer = cfg.replace(total_timesteps=120)
+    with pytest.raises(ValueError):  # a resume file made with another configuration
+        train(tiny_resnet_trace, LIMIT, out, longer, log_dir=None, progress=False, resume=True)
+    res = train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False, resume=True)
+    assert res.evaluations[-1]["step"] == 80
+
+
+def test_finetune_starts_from_checkpoint(tiny_resnet_trace, trained, tmp_path):
+    from dqn_swap import record_trace
+    from dqn_swap.models import build_workload
+
+    w = build_workload("resnet_tiny", 8, "meta")
+    bigger = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta")
+    path, _ = trained
+    res = finetune(path, bigger, [0.3, 0.6], tmp_path / "ft.pt", total_timesteps=60, log_dir=str(tmp_path / "runs"),
+                   progress=False)
+    _, cfg, obj = load_agent(res.path)
+    assert obj["training"]["init_from"] == str(path) and cfg.start_e == 0.2
+    assert obj["trace_fingerprints"] == [bigger.fingerprint]
+    assert any(p.name.startswith("ft") for p in (tmp_path / "runs").iterdir())

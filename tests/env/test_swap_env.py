@@ -1,0 +1,119 @@
+"""The swap/recompute Gymnasium environment: API compliance, masks, and the returns identity."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import env as env_pkg
+from dqn_swap.simulator import simulate
+from env import SwapRecomputeEnv, resolve_limit
+from env.candidates import NOTHING, build_action_graph
+
+
+@pytest.fixture(scope="module")
+def trace(tiny_resnet_trace):
+    return tiny_resnet_trace
+
+
+def test_check_env_passes(trace):
+    e = SwapRecomputeEnv(trace, 0.4)
+    check_env(e)  # unwrapped, as the issue asks
+
+
+def test_registered_with_gymnasium(trace):
+    e = gymnasium.make(env_pkg.ENV_ID, trace=trace, memory_limit=0.5)
+    obs, info = e.reset(seed=0)
+    assert e.observation_space.contains(obs)
+    assert info["action_mask"].shape == (e.unwrapped.graph.n_nodes,)
+    e.close()
+
+
+def run_random_episode(e: SwapRecomputeEnv, seed: int, p_invalid: float = 0.0):
+    rng = np.random.default_rng(seed)
+    _, info = e.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        mask = e.action_masks()
+        assert np.array_equal(mask, info["action_mask"])
+        if rng.random() < p_invalid and (~mask).any():
+            a = int(rng.choice(np.flatnonzero(~mask)))
+        else:
+            a = int(rng.choice(np.flatnonzero(mask)))
+        _, r, term, trunc, info = e.step(a)
+        total += r
+        done = term or trunc
+    return total, info
+
+
+@pytest.mark.parametrize("limit", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_returns_add_up_to_minus_simulated_overhead(trace, limit, seed):
+    e = SwapRecomputeEnv(trace, limit)
+    total, info = run_random_episode(e, seed, p_invalid=0.2)
+    plan = e.plan()
+    res = simulate(trace, plan, memory_limit=e.memory_limit, profile=e.profile)
+    assert res.feasible == info["feasible"]
+    assert total == pytest.approx(-res.overhead - info["penalty"], rel=1e-9, abs=1e-12)
+    if res.feasible:
+        assert info["penalty"] == pytest.approx(e.invalid_penalty * round(info["penalty"] / e.invalid_penalty))
+
+
+def test_invalid_action_is_a_penalised_no_op(trace):
+    e = SwapRecomputeEnv(trace, 0.3)
+    obs, info = e.reset(seed=0)
+    invalid = np.flatnonzero(~info["action_mask"])
+    assert len(invalid)
+    obs2, r, term, trunc, info2 = e.step(int(invalid[0]))
+    assert r == -e.invalid_penalty and not term and not trunc
+    assert np.array_equal(obs.nodes, obs2.nodes) and info2["plan_actions"] == ()
+
+
+def test_limit_above_peak_needs_no_action(trace):
+    e = SwapRecomputeEnv(trace, trace.peak_bytes + 1)
+    _, info = e.reset(seed=0)
+    assert info["feasible"] and info["action_mask"].tolist() == [True] + [False] * (e.graph.n_nodes - 1)
+    _, r, term, _, info = e.step(0)
+    assert term and r == 0.0 and info["overhead"] == 0.0
+
+
+def test_fast_path_matches_observation(trace):
+    e = SwapRecomputeEnv(trace, 0.5)
+    obs, _ = e.reset(seed=0)
+    assert np.array_equal(obs.nodes, e.node_features(e.state()))
+    a = int(np.flatnonzero(e.action_masks())[0])
+    obs, *_ = e.step(a)
+    assert np.array_equal(obs.nodes, e.node_features(e.state()))
+    assert obs.nodes[:, 6].min() == obs.nodes[:, 6].max() == pytest.approx(0.5, abs=1e-3)  # the limit
+
+
+@pytest.mark.parametrize("mode", ["candidates", "events"])
+def test_no_node_stands_for_two_actions(trace, mode):
+    e = SwapRecomputeEnv(trace, 0.5, graph=mode)
+    g = e.graph
+    assert g.kind[0] == NOTHING
+    acts = [g.action(i) for i in g.action_nodes]
+    assert len(set(acts)) == len(acts) == len(g.action_nodes)
+    valid = e.sim.valid_actions()
+    for a in acts:  # every action node is an action the simulator accepts
+        assert trace.event_tensor[a.event] == a.tensor
+    if mode == "events":
+        assert g.n_nodes == trace.n_events + 1
+    assert valid is not None
+
+
+def test_memory_limit_forms(trace):
+    assert resolve_limit(trace, 1.0) == trace.peak_bytes
+    assert resolve_limit(trace, 0.0 + 1e-12) >= trace.minimum_memory
+    assert resolve_limit(trace, 12345) == 12345
+    with pytest.raises(ValueError):
+        resolve_limit(trace, -5)
+
+
+def test_action_graph_is_shared_between_limits(trace):
+    a = SwapRecomputeEnv(trace, 0.3)
+    b = SwapRecomputeEnv(trace, 0.7, action_graph=a.graph)
+    assert b.graph is a.graph and b.memory_limit > a.memory_limit
+    assert build_action_graph(trace, a.profile, a.sim.valid_actions()).n_nodes == a.graph.n_nodes
