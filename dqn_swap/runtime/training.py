@@ -1,0 +1,426 @@
+"""Planned training of a model-zoo workload, measured beside the alternatives.
+
+:func:`run_planned_training` records the trace on the device, plans, trains
+``steps`` optimizer steps with :class:`~dqn_swap.runtime.PlannedExecution` and
+measures peak allocated / reserved memory, step time and throughput beside
+
+* ``unplanned`` -- plain training (when it fits),
+* ``checkpoint`` -- full activation checkpointing: ``torch.utils.checkpoint``
+  (non-reentrant) on every block, the children with parameters of the model's
+  longest ``Sequential`` / ``ModuleList``,
+* ``save_on_cpu`` -- ``torch.autograd.graph.save_on_cpu(pin_memory=True)``:
+  every saved tensor goes to host memory,
+
+and the simulator's prediction for the same plan.  :func:`largest_batch`
+finds the largest batch size that trains under a memory budget with each
+method.  Everything runs on the CPU as well (memory figures are then not
+measured: the CPU has no caching allocator to ask).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from ..plan import ActionKind, Plan
+from ..trace import Trace
+from .analysis import estimate_planned_peak, make_plan, saved_activations
+from .execution import PlannedExecution, enable_expandable_segments
+
+METHODS = ("unplanned", "planned", "checkpoint", "save_on_cpu")
+BUILTIN_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
+
+
+# --------------------------------------------------------------------------- planning
+def builtin_plan(name: str, trace: Trace, limit: int) -> Plan:
+    """Planners of the runtime itself, used when ``agents.baselines`` does not provide ``name``.
+
+    ``swap-all`` / ``recompute-all``: every saved activation; ``greedy-swap``:
+    the largest saved activations until the estimated planned peak is under ``limit``.
+    """
+    acts = saved_activations(trace)
+    if name == "swap-all":
+        return make_plan(trace, swap=acts, memory_limit=limit, planner=name)
+    if name == "recompute-all":
+        return make_plan(trace, recompute=acts, memory_limit=limit, planner=name)
+    if name == "greedy-swap":
+        chosen: list[int] = []
+        for tid in sorted(acts, key=lambda t: -int(trace.tensor_nbytes[t])):
+            if estimate_planned_peak(trace, chosen, ()) <= limit:
+                break
+            chosen.append(tid)
+        return make_plan(trace, swap=chosen, memory_limit=limit, planner=name)
+    raise ValueError(f"unknown planner {name!r}; built in: {', '.join(BUILTIN_PLANNERS)}")
+
+
+def make_planned(trace: Trace, limit: int, planner: str, profile: DeviceProfile) -> Plan:
+    """The plan of ``planner``: a baseline from ``agents.baselines`` when present, else a built-in one."""
+    if planner not in BUILTIN_PLANNERS:
+        try:
+            from agents.baselines import get_planner  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise ValueError(f"planner {planner!r} needs agents.baselines ({e}); built-in planners: "
+                             f"{', '.join(BUILTIN_PLANNERS)}") from None
+        return get_planner(planner).plan(trace, limit, profile)
+    return builtin_plan(planner, trace, limit)
+
+
+def simulate_plan(trace: Trace, plan: Plan) -> dict[str, Any] | None:
+    """The simulator's figures for ``plan`` (None when the simulator is not installed)."""
+    try:
+        from ..simulator import simulate
+    except ImportError:
+        return None
+    res = simulate(trace, plan)
+    figures = res.figures() if hasattr(res, "figures") else {}
+    return {"feasible": bool(getattr(res, "feasible", True)), "makespan": float(res.makespan),
+            "compute_time": float(getattr(res, "compute_time", trace.compute_time)),
+            "overhead": (float(res.overhead) if getattr(res, "feasible", True) and res.overhead != float("inf")
+                         else None),
+            "peak_bytes": int(res.peak_bytes), "figures": figures}
+
+
+# --------------------------------------------------------------------------- methods
+def block_modules(model: nn.Module) -> list[nn.Module]:
+    """The blocks full checkpointing wraps: the children with parameters of the longest container."""
+    best: list[nn.Module] = []
+    for m in model.modules():
+        if isinstance(m, (nn.Sequential, nn.ModuleList)):
+            kids = [c for c in m.children() if any(True for _ in c.parameters())]
+            if len(kids) > len(best):
+                best = kids
+    if not best:
+        best = [model]
+    return best
+
+
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Wrap every block's forward in non-reentrant ``torch.utils.checkpoint``; returns how many."""
+    blocks = block_modules(model)
+    for b in blocks:
+        b.forward = functools.partial(checkpoint, b.forward, use_reentrant=False)  # type: ignore[method-assign]
+    return len(blocks)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host timing of asynchronous kernels
+
+
+@contextmanager
+def _memory_cap(device: torch.device, budget: int | None) -> Iterator[None]:
+    """On CUDA, make allocations beyond ``budget`` fail (the per-process memory fraction)."""
+    if budget is None or device.type != "cuda":
+        yield
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def train_steps(model_name: str, batch_size: int, method: str, steps: int, device: torch.device, *,
+                plan: Plan | None = None, trace: Trace | None = None, seed: int = 0, warmup: int = 1,
+                budget: int | None = None, expandable_segments: bool = True) -> dict[str, Any]:
+    """Train ``steps`` steps of a fresh workload with ``method``; measure time and memory.
+
+    Returns ``status`` ("ok" or "oom"), the losses, the median ``step_time_s``
+    over the steps after ``warmup``, ``throughput`` (samples per second) and,
+    on CUDA, ``peak_allocated`` / ``peak_reserved`` bytes over all steps.
+    """
+    from ..models import build_workload
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    w = build_workload(model_name, batch_size, device, seed=seed)
+    if w.loss_fn is None or w.make_optimizer is None:
+        raise ValueError(f"{model_name} has no backward pass to plan")
+    model, inputs, loss_fn = w.model, w.example_inputs, w.loss_fn
+    opt = w.make_optimizer(model.parameters())
+    runtime: PlannedExecution | None = None
+    if method == "planned":
+        if plan is None or trace is None:
+            raise ValueError("method 'planned' needs a plan and its trace")
+        runtime = PlannedExecution(model, plan, trace, device=device, expandable_segments=expandable_segments)
+    elif method == "checkpoint":
+        checkpoint_blocks(model)
+    elif method not in ("unplanned", "save_on_cpu"):
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+    def context() -> Any:
+        if runtime is not None:
+            return runtime
+        if method == "save_on_cpu":
+            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+        return nullcontext()
+
+    torch.manual_seed(seed + 1)
+    losses: list[float] = []
+    times: list[float] = []
+    result: dict[str, Any] = {"method": method, "batch_size": batch_size}
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with _memory_cap(device, budget):
+            for i in range(steps + warmup):
+                _sync(device)
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                with context():
+                    loss = loss_fn(model(*inputs))
+                    loss.backward()
+                opt.step()
+                _sync(device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+                losses.append(float(loss.detach()))
+                del loss
+    except torch.OutOfMemoryError as e:
+        result.update(status="oom", error=str(e).splitlines()[0] if str(e) else "out of memory")
+        del model, opt, runtime
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return result
+    step = statistics.median(times) if times else float("nan")
+    result.update(status="ok", losses=losses, step_time_s=step, throughput=batch_size / step if times else None)
+    if device.type == "cuda":
+        result["peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
+        result["peak_reserved"] = int(torch.cuda.max_memory_reserved(device))
+    if runtime is not None:
+        result["runtime"] = runtime.summary()
+    return result
+
+
+# --------------------------------------------------------------------------- the run
+def _resolve_limit(memory_limit: int | float | str, unplanned_peak: int) -> int:
+    if isinstance(memory_limit, str):
+        from ..trace import parse_bytes
+
+        text = memory_limit.strip()
+        if text.endswith("%"):
+            return int(float(text[:-1]) / 100 * unplanned_peak)
+        return parse_bytes(text)
+    if isinstance(memory_limit, float) and memory_limit <= 1.0:
+        return int(memory_limit * unplanned_peak)
+    return int(memory_limit)
+
+
+def _profile(profile: str | DeviceProfile | None, device: torch.device) -> DeviceProfile:
+    if isinstance(profile, DeviceProfile):
+        return profile
+    if profile == "measured" or (profile is None and device.type == "cuda"):
+        from ..cost import measure_profile
+
+        return measure_profile(str(device))
+    return get_profile(profile or DEFAULT_PROFILE)
+
+
+def record(model_name: str, batch_size: int, device: torch.device, profile: DeviceProfile,
+           seed: int = 0) -> Trace:
+    """Record the workload's trace on ``device`` (a separate model instance: weights are not shared)."""
+    from ..models import build_workload
+    from ..recorder import record_trace
+
+    w = build_workload(model_name, batch_size, device, seed=seed)
+    trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device, profile=profile,
+                         meta={"model": model_name, "batch_size": batch_size})
+    del w
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return trace
+
+
+def run_planned_training(model_name: str, batch_size: int, memory_limit: int | float | str = 0.5,
+                         planner: str = "greedy-swap", steps: int = 10, device: str | torch.device | None = None,
+                         *, profile: str | DeviceProfile | None = None,
+                         methods: tuple[str, ...] | list[str] = METHODS, warmup: int = 1, seed: int = 0,
+                         expandable_segments: bool = True, plan: Plan | None = None, trace: Trace | None = None,
+                         budget: int | str | None = None, max_batch_methods: tuple[str, ...] | list[str] = (),
+                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Record, plan and train ``model_name`` with the runtime; compare with the other methods.
+
+    Args:
+        model_name, batch_size: the workload (:func:`dqn_swap.models.build_workload`).
+        memory_limit: bytes, a size string ("8GiB"), a percentage string ("50%") or a float
+            <= 1: that fraction of the unplanned peak (measured on CUDA, else the trace's).
+        planner: a baseline of ``agents.baselines`` or a built-in planner (:data:`BUILTIN_PLANNERS`).
+        steps: measured optimizer steps per method, after ``warmup`` steps.
+        device: "cuda" or "cpu"; default CUDA when available.
+        profile: device profile for planning; default measured on CUDA.
+        methods: which of :data:`METHODS` to run.
+        expandable_segments: turn on the CUDA allocator's expandable segments (default).
+        plan, trace: use these instead of recording and planning.
+        budget: with ``max_batch_methods``, the memory budget of the largest-batch search.
+
+    Returns:
+        A JSON-ready dict: the workload, device, limit, plan summary, the simulator's
+        prediction, per-method measurements, and the comparison figures.
+    """
+    say = progress or (lambda _msg: None)
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but no CUDA GPU is available")
+    if dev.type == "cuda" and expandable_segments:
+        enable_expandable_segments()  # before the first allocation of the run
+    prof = _profile(profile, dev)
+    report: dict[str, Any] = {"model": model_name, "batch_size": batch_size, "device": str(dev),
+                              "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+                              "torch": torch.__version__, "steps": steps, "profile": prof.name,
+                              "expandable_segments": bool(dev.type == "cuda" and expandable_segments)}
+    if trace is None:
+        say(f"recording {model_name} at batch {batch_size} on {dev}")
+        trace = record(model_name, batch_size, dev, prof, seed)
+    report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
+                       "saved_activation_bytes": trace.saved_bytes}
+    results: dict[str, Any] = {}
+    if "unplanned" in methods:
+        say("training unplanned")
+        results["unplanned"] = train_steps(model_name, batch_size, "unplanned", steps, dev, seed=seed, warmup=warmup)
+    base = results.get("unplanned", {})
+    unplanned_peak = int(base.get("peak_allocated") or trace.meta.get("max_memory_allocated") or trace.peak_bytes)
+    limit = _resolve_limit(memory_limit, unplanned_peak)
+    report["unplanned_peak_bytes"] = unplanned_peak
+    report["memory_limit"] = limit
+    if plan is None:
+        say(f"planning with {planner} for {limit} bytes")
+        t0 = time.perf_counter()
+        plan = make_planned(trace, limit, planner, prof)
+        report["plan_seconds"] = time.perf_counter() - t0
+    report["plan"] = {"planner": plan.planner, "swaps": plan.n_swap, "recomputes": plan.n_recompute,
+                      "memory_limit": plan.memory_limit, "figures": plan.figures}
+    predicted = simulate_plan(trace, plan)
+    report["simulator"] = predicted
+    report["runtime_estimate_peak_bytes"] = _estimate(trace, plan)
+    for method in methods:
+        if method == "unplanned":
+            continue
+        say(f"training {method}")
+        results[method] = train_steps(model_name, batch_size, method, steps, dev, plan=plan, trace=trace,
+                                      seed=seed, warmup=warmup, expandable_segments=expandable_segments)
+    report["methods"] = results
+    report["comparison"] = compare(results, predicted, limit, trace)
+    if max_batch_methods:
+        if budget is None:
+            budget = limit
+        budget_b = _resolve_limit(budget, unplanned_peak)
+        report["largest_batch"] = {"budget": budget_b}
+        for method in max_batch_methods:
+            say(f"largest batch under {budget_b} bytes with {method}")
+            report["largest_batch"][method] = largest_batch(model_name, budget_b, method, dev, planner=planner,
+                                                            profile=prof, seed=seed)
+    return report
+
+
+def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: int, trace: Trace) -> dict[str, Any]:
+    """Throughput ratios, whether the planned peak stayed under the limit, simulator error."""
+    out: dict[str, Any] = {}
+    planned = results.get("planned", {})
+    if planned.get("status") != "ok":
+        return out
+    t_plan = planned["step_time_s"]
+    for other in ("unplanned", "checkpoint", "save_on_cpu"):
+        r = results.get(other, {})
+        if r.get("status") == "ok":
+            out[f"throughput_vs_{other}"] = r["step_time_s"] / t_plan
+    if "peak_allocated" in planned:
+        out["planned_peak_allocated"] = planned["peak_allocated"]
+        out["planned_peak_within_limit"] = planned["peak_allocated"] <= limit
+    base = results.get("unplanned", {})
+    reference = base["step_time_s"] if base.get("status") == "ok" else None
+    if reference:
+        out["measured_overhead"] = t_plan / reference - 1.0
+    if predicted and predicted.get("feasible") and predicted.get("makespan") and reference:
+        # Both as a fraction of the unplanned step; the simulator's base is the trace's compute time.
+        pred_over = predicted.get("overhead")
+        if pred_over is None:
+            pred_over = predicted["makespan"] / trace.compute_time - 1.0
+        out["predicted_overhead"] = pred_over
+        measured_step = t_plan
+        predicted_step = reference * (1.0 + pred_over)
+        out["predicted_step_time_s"] = predicted_step
+        out["simulator_step_time_error"] = abs(predicted_step - measured_step) / measured_step
+    return out
+
+
+def _estimate(trace: Trace, plan: Plan) -> int:
+    swap = [a.tensor for a in plan.actions if a.kind == ActionKind.SWAP]
+    recompute = [a.tensor for a in plan.actions if a.kind == ActionKind.RECOMPUTE]
+    return estimate_planned_peak(trace, swap, recompute)
+
+
+# --------------------------------------------------------------------------- largest batch
+def largest_batch(model_name: str, budget: int, method: str, device: torch.device, *, planner: str = "greedy-swap",
+                  profile: DeviceProfile | None = None, seed: int = 0, start: int = 1, cap: int = 4096,
+                  steps: int = 2) -> dict[str, Any]:
+    """The largest batch size that trains under ``budget`` bytes with ``method``.
+
+    On CUDA each probe trains ``steps`` steps with allocations beyond the
+    budget made to fail (``set_per_process_memory_fraction``) and also checks
+    the measured peak allocated.  Elsewhere only ``unplanned`` and ``planned``
+    are predicted, from traces recorded on the ``meta`` device (the unplanned
+    peak, and the simulator's -- or the runtime's own estimate of the --
+    planned peak).  Doubling from ``start``, then bisection.
+    """
+    prof = profile or get_profile(DEFAULT_PROFILE)
+    measured = device.type == "cuda"
+    if not measured and method not in ("unplanned", "planned"):
+        return {"batch_size": None, "how": f"needs a GPU to measure {method}"}
+
+    def fits(batch: int) -> bool:
+        if not measured:
+            trace = record(model_name, batch, torch.device("meta"), prof, seed)
+            if method == "unplanned":
+                return trace.peak_bytes <= budget
+            plan = make_planned(trace, budget, planner, prof)
+            sim = simulate_plan(trace, plan)
+            if sim is not None:
+                return bool(sim["feasible"]) and sim["peak_bytes"] <= budget
+            peak = _estimate(trace, plan)
+            return peak <= budget
+        plan = trace = None
+        try:
+            if method == "planned":
+                trace = record(model_name, batch, device, prof, seed)
+                plan = make_planned(trace, budget, planner, prof)
+            r = train_steps(model_name, batch, method, steps, device, plan=plan, trace=trace, seed=seed,
+                            warmup=0, budget=budget)
+        except torch.OutOfMemoryError:
+            return False
+        return r["status"] == "ok" and r.get("peak_allocated", 0) <= budget
+
+    best, probes = 0, 0
+    batch = start
+    while batch <= cap:
+        probes += 1
+        if not fits(batch):
+            break
+        best, batch = batch, batch * 2
+    lo, hi = best, min(batch, cap + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        probes += 1
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"batch_size": lo or None, "probes": probes, "how": "measured" if measured else "predicted"}
+
+
+__all__ = ["BUILTIN_PLANNERS", "METHODS", "block_modules", "builtin_plan", "checkpoint_blocks", "compare",
+           "largest_batch", "make_planned", "record", "run_planned_training", "simulate_plan", "train_steps"]
