@@ -1,70 +1,68 @@
 #!/usr/bin/env python
-"""Train a DQN agent on one or more networks at one or more memory limits.
+"""Train a DQN agent on one or more networks at one or more memory limits: ``dqn-swap train``.
+
+This script is that subcommand (``dqn-swap train --help`` explains every option);
+it also takes the script's earlier spelling, ``--trace`` (repeatable),
+``--limits`` (fractions of the way from the trace's minimum memory to its peak,
+0.9 meaning 90%, or bytes) and ``--out``.
 
 Examples::
 
-    python scripts/train_agent.py --trace resnet50:64 --limits 0.9 0.7 0.5 0.3 --out checkpoints/resnet50.pt
+    python scripts/train_agent.py resnet50:64 --memory-limits 90%,70%,50%,30% -o checkpoints/resnet50.pt
     python scripts/train_agent.py --trace resnet_tiny:8 --trace gpt_tiny:4 --limits 0.3 0.5 0.7 0.9 \
         --steps 20000 --out checkpoints/default.pt --curve checkpoints/default.png
 
-``--trace`` takes a ``.trace`` file or ``model:batch`` (recorded on the meta device).
-Limits are fractions of the way from the trace's minimum memory to its peak, or bytes.
+A trace is a ``.trace`` file or ``model:batch`` (recorded on the meta device).
 """
 
 from __future__ import annotations
 
-import argparse
-import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.dqn import DQNConfig  # noqa: E402
-from agents.dqn.algorithm import train  # noqa: E402
-from agents.dqn.report import load_trace_spec, parse_overrides, plot_curves  # noqa: E402
+from dqn_swap.cli import main as cli_main  # noqa: E402
 
 
-def parse_limit(s: str) -> float | int:
-    v = float(s)
-    return v if 0 < v <= 1 else int(v)
+def legacy_limit(text: str) -> str:
+    """``0.9`` (a fraction of the way from the minimum to the peak) -> ``90%``; bytes stay bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text  # already 90% or 8GiB
+    return f"{value * 100:g}%" if 0 < value <= 1 else str(int(value))
+
+
+def translate(argv: list[str], command: str) -> list[str]:
+    """The script's earlier options as the subcommand's: --trace T -> T, --limits A B -> -m A,B, --out -> -o."""
+    traces: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name == "--trace":
+            traces.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
+            i += 1 if eq else 2
+        elif name == "--limits":
+            values = [value] if eq else []
+            i += 1
+            while not eq and i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+            rest += ["--memory-limits", ",".join(legacy_limit(v) for v in values)]
+        elif name == "--out":
+            rest += ["--output", value] if eq else ["--output", *argv[i + 1:i + 2]]
+            i += 1 if eq else 2
+        else:
+            rest.append(arg)
+            i += 1
+    return [command, *traces, *rest]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", action="append", required=True, help="trace file or model:batch (repeatable)")
-    ap.add_argument("--limits", nargs="+", type=parse_limit, default=[0.9, 0.7, 0.5, 0.3])
-    ap.add_argument("--out", required=True, help="checkpoint to write")
-    ap.add_argument("--steps", type=int, help="environment steps (config.total_timesteps)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", default="v100-pcie3")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="DQNConfig field")
-    ap.add_argument("--log-dir", default="runs")
-    ap.add_argument("--run-name")
-    ap.add_argument("--curve", help="PNG of the greedy evaluation score over training")
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--force", action="store_true", help="replace an existing checkpoint")
-    args = ap.parse_args(argv)
-    try:
-        cfg = DQNConfig().replace(seed=args.seed, **parse_overrides(args.set))
-        if args.steps:
-            cfg = cfg.replace(total_timesteps=args.steps)
-        traces = [load_trace_spec(s, args.profile) for s in args.trace]
-        command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
-        res = train(traces, args.limits, args.out, cfg, profile=args.profile, log_dir=args.log_dir,
-                    run_name=args.run_name, resume=args.resume, overwrite=args.force, command=command,
-                    threads=args.threads)
-    except (ValueError, OSError) as e:
-        print(f"train_agent: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    if args.curve:
-        plot_curves({"greedy plan": [(e["step"], e["score"]) for e in res.evaluations]}, args.curve,
-                    title=f"{Path(args.out).name}: {', '.join(args.trace)} @ {args.limits}")
-    last = res.evaluations[-1]
-    print(f"saved {res.path} after {res.steps} steps in {res.wall_time:.0f} s; best score {res.best['score']:.4f} "
-          f"at step {res.best.get('step')}; last: overhead {last['overhead']:.4f}, feasible {last['feasible']:.2f}")
-    return 0
+    return cli_main(translate(list(sys.argv[1:] if argv is None else argv), "train"))
 
 
 if __name__ == "__main__":

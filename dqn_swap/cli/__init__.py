@@ -13,11 +13,11 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import compare_cmd, inspect_cmd, record_cmd, simulate_cmd
+from . import compare_cmd, finetune_cmd, inspect_cmd, record_cmd, run_cmd, simulate_cmd, train_cmd
 
-# Modules that add subcommands, in the order ``--help`` lists them.  Later
-# workflows (simulate, plan, compare, train, finetune, run) register here.
-SUBCOMMANDS = [record_cmd, inspect_cmd, simulate_cmd, compare_cmd]
+# Modules that add subcommands, in the order ``--help`` lists them (simulate_cmd adds
+# simulate and plan).
+SUBCOMMANDS = [record_cmd, inspect_cmd, simulate_cmd, compare_cmd, train_cmd, finetune_cmd, run_cmd]
 
 
 class UserError(Exception):
@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train networks larger than GPU memory: record one training iteration, "
                     "plan which tensors to swap to host memory or recompute, and run the plan.",
         epilog="Start with: dqn-swap record --model resnet50 --batch-size 64 -o r50.trace; "
-               "then dqn-swap inspect r50.trace.  Each subcommand has --help.")
+               "then dqn-swap inspect r50.trace and dqn-swap plan r50.trace -m 50% -o plan.json.  "
+               "Each subcommand has --help.")
     parser.add_argument("--version", action="version", version=f"dqn-swap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in SUBCOMMANDS:
@@ -39,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line, recorded in what train and finetune save
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head`: not an error of ours

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "feasible, planning time) and two plots: overhead against memory reduction "
                     "(the DQN paper's Figure 5) and makespan / lower bound against the limit "
                     "(the offloading paper's Figure 5).",
-        epilog="Example: dqn-swap compare r50.trace vgg16.trace --memory-limits 90%%,70%%,50%%,30%% "
+        epilog="Example: dqn-swap compare r50.trace vgg16.trace --memory-limits 90%,70%,50%,30% "
                "--planners all -o comparison/")
     p.add_argument("traces", nargs="+", help="trace files")
     p.add_argument("--memory-limits", default="90%,70%,50%,30%",

@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Simulate one training iteration under a memory limit, following a plan made by "
                     "--planner or read from --plan, and print makespan, overhead, stalls, bytes "
                     "moved, peak memory and makespan over the lower bound.",
-        epilog="Examples: dqn-swap simulate r50.trace -m 60%% --planner window; "
+        epilog="Examples: dqn-swap simulate r50.trace -m 60% --planner window; "
                "dqn-swap simulate r50.trace --plan plan.json --json")
     add_common(s)
     s.add_argument("--plan", help="simulate this plan file instead of planning (its limit is used "

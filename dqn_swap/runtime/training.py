@@ -63,16 +63,37 @@ def builtin_plan(name: str, trace: Trace, limit: int) -> Plan:
     raise ValueError(f"unknown planner {name!r}; built in: {', '.join(BUILTIN_PLANNERS)}")
 
 
-def make_planned(trace: Trace, limit: int, planner: str, profile: DeviceProfile) -> Plan:
-    """The plan of ``planner``: a baseline from ``agents.baselines`` when present, else a built-in one."""
-    if planner not in BUILTIN_PLANNERS:
-        try:
-            from agents.baselines import get_planner  # type: ignore[import-not-found]
-        except ImportError as e:
-            raise ValueError(f"planner {planner!r} needs agents.baselines ({e}); built-in planners: "
-                             f"{', '.join(BUILTIN_PLANNERS)}") from None
-        return get_planner(planner).plan(trace, limit, profile)
-    return builtin_plan(planner, trace, limit)
+class _BuiltinPlanner:
+    """A planner of :data:`BUILTIN_PLANNERS` with the ``plan(trace, limit, profile)`` interface."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def plan(self, trace: Trace, memory_limit: int, profile: Any = None) -> Plan:
+        return builtin_plan(self.name, trace, int(memory_limit))
+
+
+def get_run_planner(planner: str, agent: str | None = None) -> Any:
+    """The planner called ``planner``: a built-in one (:data:`BUILTIN_PLANNERS`) or any of
+    ``agents.get_planner`` -- the baselines and the learned ``dqn`` / ``dqn-search``, which
+    use the checkpoint ``agent`` (default: the shipped agent)."""
+    if planner in BUILTIN_PLANNERS:
+        return _BuiltinPlanner(planner)
+    try:
+        from agents import PLANNER_NAMES, get_planner  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise ValueError(f"planner {planner!r} needs the agents package ({e}); built-in planners: "
+                         f"{', '.join(BUILTIN_PLANNERS)}") from None
+    if planner not in PLANNER_NAMES:
+        raise ValueError(f"unknown planner {planner!r}; choose one of: "
+                         f"{', '.join((*PLANNER_NAMES, *BUILTIN_PLANNERS))}")
+    return get_planner(planner, agent=agent)
+
+
+def make_planned(trace: Trace, limit: int, planner: Any, profile: DeviceProfile, agent: str | None = None) -> Plan:
+    """The plan of ``planner`` (a name for :func:`get_run_planner`, or a planner object)."""
+    obj = get_run_planner(planner, agent) if isinstance(planner, str) else planner
+    return obj.plan(trace, limit, profile)
 
 
 def simulate_plan(trace: Trace, plan: Plan) -> dict[str, Any] | None:
@@ -207,17 +228,65 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
 
 
 # --------------------------------------------------------------------------- the run
-def _resolve_limit(memory_limit: int | float | str, unplanned_peak: int) -> int:
-    if isinstance(memory_limit, str):
-        from ..trace import parse_bytes
+def parse_limit(memory_limit: int | float | str) -> tuple[str, float]:
+    """The kind and value of a memory limit: ``("percent", 50.0)`` for "50%", ``("times", 0.5)`` for
+    "0.5x" or a float <= 1, ``("bytes", n)`` for an int, a float > 1 or a size such as "8GiB".
 
-        text = memory_limit.strip()
-        if text.endswith("%"):
-            return int(float(text[:-1]) / 100 * unplanned_peak)
-        return parse_bytes(text)
-    if isinstance(memory_limit, float) and memory_limit <= 1.0:
-        return int(memory_limit * unplanned_peak)
-    return int(memory_limit)
+    A bare number <= 1 written as text ("0.5") is refused as ambiguous.
+    """
+    from ..trace import parse_bytes
+
+    if isinstance(memory_limit, bool):
+        raise ValueError(f"not a memory limit: {memory_limit!r}")
+    if isinstance(memory_limit, int):
+        return "bytes", float(memory_limit)
+    if isinstance(memory_limit, float):
+        if memory_limit <= 0:
+            raise ValueError(f"memory limit must be positive, not {memory_limit}")
+        return ("times", memory_limit) if memory_limit <= 1.0 else ("bytes", float(int(memory_limit)))
+    text = str(memory_limit).strip()
+    if text.endswith("%"):
+        try:
+            return "percent", float(text[:-1])
+        except ValueError:
+            raise ValueError(f"not a percentage: {text!r}") from None
+    if text[-1:] in ("x", "X"):
+        try:
+            factor = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"not a multiple of the unplanned peak: {text!r} (example: 0.5x)") from None
+        if factor <= 0:
+            raise ValueError(f"memory limit must be positive, not {text}")
+        return "times", factor
+    try:
+        bare = float(text)
+    except ValueError:
+        bare = None
+    if bare is not None and bare <= 1:
+        raise ValueError(f"memory limit {text!r} is ambiguous: write {bare * 100:g}% (of the way from the "
+                         f"minimum to the unplanned peak), {bare:g}x (times the unplanned peak) or a size "
+                         "such as 8GiB")
+    return "bytes", float(parse_bytes(text))
+
+
+def _resolve_limit(memory_limit: int | float | str, trace: Trace, unplanned_peak: int, *,
+                   check_minimum: bool = True) -> int:
+    """``memory_limit`` in bytes.
+
+    "50%" means what it means everywhere in dqn-swap: halfway from the least memory any plan
+    needs (``trace.minimum_memory``, 0%) to the trace's unplanned peak (100%),
+    :func:`dqn_swap.trace.resolve_memory_limit`.  "0.5x" (or the float 0.5) is half of
+    ``unplanned_peak``.  Sizes are bytes; with ``check_minimum`` a size below the trace's
+    minimum is refused with a message naming the minimum.
+    """
+    from ..trace import resolve_memory_limit
+
+    kind, value = parse_limit(memory_limit)
+    if kind == "percent":
+        return resolve_memory_limit(trace, str(memory_limit).strip())
+    if kind == "times":
+        return int(value * unplanned_peak)
+    return resolve_memory_limit(trace, int(value)) if check_minimum else int(value)
 
 
 def _profile(profile: str | DeviceProfile | None, device: torch.device) -> DeviceProfile:
@@ -252,21 +321,26 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: int | f
                          methods: tuple[str, ...] | list[str] = METHODS, warmup: int = 1, seed: int = 0,
                          expandable_segments: bool = True, plan: Plan | None = None, trace: Trace | None = None,
                          budget: int | str | None = None, max_batch_methods: tuple[str, ...] | list[str] = (),
-                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                         agent: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Record, plan and train ``model_name`` with the runtime; compare with the other methods.
 
     Args:
         model_name, batch_size: the workload (:func:`dqn_swap.models.build_workload`).
-        memory_limit: bytes, a size string ("8GiB"), a percentage string ("50%") or a float
-            <= 1: that fraction of the unplanned peak (measured on CUDA, else the trace's).
-        planner: a baseline of ``agents.baselines`` or a built-in planner (:data:`BUILTIN_PLANNERS`).
+        memory_limit: bytes, a size string ("8GiB"), a percentage string ("50%": as everywhere in
+            dqn-swap, halfway from the recorded trace's minimum memory, 0%, to its unplanned peak,
+            100%), or a multiple of the unplanned peak, "0.5x" or the float 0.5 (the peak measured
+            by the unplanned run on CUDA, else the trace's).  See :func:`parse_limit`.
+        planner: a built-in planner (:data:`BUILTIN_PLANNERS`) or any name of
+            ``agents.get_planner``: the baselines and the learned ``dqn`` / ``dqn-search``.
         steps: measured optimizer steps per method, after ``warmup`` steps.
         device: "cuda" or "cpu"; default CUDA when available.
         profile: device profile for planning; default measured on CUDA.
         methods: which of :data:`METHODS` to run.
         expandable_segments: turn on the CUDA allocator's expandable segments (default).
         plan, trace: use these instead of recording and planning.
-        budget: with ``max_batch_methods``, the memory budget of the largest-batch search.
+        budget: with ``max_batch_methods``, the memory budget of the largest-batch search
+            (same forms as ``memory_limit``; default ``memory_limit``).
+        agent: the DQN checkpoint of the ``dqn`` / ``dqn-search`` planners (default: the shipped one).
 
     Returns:
         A JSON-ready dict: the workload, device, limit, plan summary, the simulator's
@@ -287,20 +361,25 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: int | f
         say(f"recording {model_name} at batch {batch_size} on {dev}")
         trace = record(model_name, batch_size, dev, prof, seed)
     report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
-                       "saved_activation_bytes": trace.saved_bytes}
+                       "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes}
     results: dict[str, Any] = {}
     if "unplanned" in methods:
         say("training unplanned")
         results["unplanned"] = train_steps(model_name, batch_size, "unplanned", steps, dev, seed=seed, warmup=warmup)
     base = results.get("unplanned", {})
     unplanned_peak = int(base.get("peak_allocated") or trace.meta.get("max_memory_allocated") or trace.peak_bytes)
-    limit = _resolve_limit(memory_limit, unplanned_peak)
+    limit = _resolve_limit(memory_limit, trace, unplanned_peak)
     report["unplanned_peak_bytes"] = unplanned_peak
+    report["unplanned_peak_source"] = "measured" if base.get("peak_allocated") else "trace"
     report["memory_limit"] = limit
+    report["memory_limit_spec"] = str(memory_limit)
+    if limit < trace.minimum_memory:
+        say(f"the limit, {limit} bytes, is below the least memory any plan needs for this trace "
+            f"({trace.minimum_memory} bytes): the plan cannot fit it")
     if plan is None:
         say(f"planning with {planner} for {limit} bytes")
         t0 = time.perf_counter()
-        plan = make_planned(trace, limit, planner, prof)
+        plan = make_planned(trace, limit, planner, prof, agent)
         report["plan_seconds"] = time.perf_counter() - t0
     report["plan"] = {"planner": plan.planner, "swaps": plan.n_swap, "recomputes": plan.n_recompute,
                       "memory_limit": plan.memory_limit, "figures": plan.figures}
@@ -318,12 +397,12 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: int | f
     if max_batch_methods:
         if budget is None:
             budget = limit
-        budget_b = _resolve_limit(budget, unplanned_peak)
+        budget_b = _resolve_limit(budget, trace, unplanned_peak, check_minimum=False)
         report["largest_batch"] = {"budget": budget_b}
         for method in max_batch_methods:
             say(f"largest batch under {budget_b} bytes with {method}")
             report["largest_batch"][method] = largest_batch(model_name, budget_b, method, dev, planner=planner,
-                                                            profile=prof, seed=seed)
+                                                            profile=prof, seed=seed, agent=agent)
     return report
 
 
@@ -367,7 +446,7 @@ def _estimate(trace: Trace, plan: Plan) -> int:
 # --------------------------------------------------------------------------- largest batch
 def largest_batch(model_name: str, budget: int, method: str, device: torch.device, *, planner: str = "greedy-swap",
                   profile: DeviceProfile | None = None, seed: int = 0, start: int = 1, cap: int = 4096,
-                  steps: int = 2) -> dict[str, Any]:
+                  steps: int = 2, agent: str | None = None) -> dict[str, Any]:
     """The largest batch size that trains under ``budget`` bytes with ``method``.
 
     On CUDA each probe trains ``steps`` steps with allocations beyond the
@@ -375,19 +454,21 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
     the measured peak allocated.  Elsewhere only ``unplanned`` and ``planned``
     are predicted, from traces recorded on the ``meta`` device (the unplanned
     peak, and the simulator's -- or the runtime's own estimate of the --
-    planned peak).  Doubling from ``start``, then bisection.
+    planned peak).  Doubling from ``start``, then bisection.  ``planner`` and ``agent`` as in
+    :func:`get_run_planner`.
     """
     prof = profile or get_profile(DEFAULT_PROFILE)
     measured = device.type == "cuda"
     if not measured and method not in ("unplanned", "planned"):
         return {"batch_size": None, "how": f"needs a GPU to measure {method}"}
+    planner_obj = get_run_planner(planner, agent) if method == "planned" else None  # a checkpoint loads once
 
     def fits(batch: int) -> bool:
         if not measured:
             trace = record(model_name, batch, torch.device("meta"), prof, seed)
             if method == "unplanned":
                 return trace.peak_bytes <= budget
-            plan = make_planned(trace, budget, planner, prof)
+            plan = make_planned(trace, budget, planner_obj, prof)
             sim = simulate_plan(trace, plan)
             if sim is not None:
                 return bool(sim["feasible"]) and sim["peak_bytes"] <= budget
@@ -397,7 +478,7 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
         try:
             if method == "planned":
                 trace = record(model_name, batch, device, prof, seed)
-                plan = make_planned(trace, budget, planner, prof)
+                plan = make_planned(trace, budget, planner_obj, prof)
             r = train_steps(model_name, batch, method, steps, device, plan=plan, trace=trace, seed=seed,
                             warmup=0, budget=budget)
         except torch.OutOfMemoryError:
@@ -422,5 +503,50 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
     return {"batch_size": lo or None, "probes": probes, "how": "measured" if measured else "predicted"}
 
 
+# --------------------------------------------------------------------------- the report as text
+def report_table(report: dict[str, Any]) -> str:
+    """The report of :func:`run_planned_training` as a table for people (``dqn-swap run``)."""
+    from ..trace import format_bytes
+
+    def size(value: Any) -> str:
+        return format_bytes(value) if isinstance(value, (int, float)) else "-"
+
+    plan = report["plan"]
+    spec = report.get("memory_limit_spec")
+    limit = size(report["memory_limit"]) + (f" ({spec})" if spec and spec != str(report["memory_limit"]) else "")
+    source = " measured" if report.get("unplanned_peak_source") == "measured" else ""
+    lines = [f"{report['model']} batch {report['batch_size']} on {report.get('gpu') or report['device']}, "
+             f"limit {limit}, unplanned peak{source} {size(report['unplanned_peak_bytes'])}; "
+             f"plan: {plan['planner']}, {plan['swaps']} swaps / {plan['recomputes']} recomputes",
+             f"{'method':<12} {'status':<7} {'step ms':>9} {'samples/s':>10} {'peak alloc':>12} {'peak reserved':>14}"]
+    for name, r in report["methods"].items():
+        if r.get("status") != "ok":
+            lines.append(f"{name:<12} {r.get('status', '?'):<7} {r.get('error', '')}".rstrip())
+            continue
+        alloc = size(r.get("peak_allocated"))
+        reserved = size(r.get("peak_reserved"))
+        lines.append(f"{name:<12} {'ok':<7} {r['step_time_s'] * 1e3:>9.2f} {r['throughput']:>10.1f} "
+                     f"{alloc:>12} {reserved:>14}")
+    if not str(report["device"]).startswith("cuda"):
+        lines.append(f"memory is not measured on {report['device']} (only CUDA's caching allocator reports peaks): "
+                     "the unplanned peak is the recorded trace's")
+    sim = report.get("simulator")
+    if sim:
+        overhead = f"{100 * sim['overhead']:.1f}%" if isinstance(sim.get("overhead"), float) else "-"
+        lines.append(f"simulator: feasible {sim['feasible']}, overhead {overhead}, peak {size(sim['peak_bytes'])}")
+    for key, value in report.get("comparison", {}).items():
+        if key.endswith("_allocated"):
+            lines.append(f"{key}: {size(value)}")
+        else:
+            lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+    for method, r in report.get("largest_batch", {}).items():
+        if isinstance(r, dict):
+            found = r["batch_size"] if r.get("batch_size") is not None else "none"
+            lines.append(f"largest batch under {size(report['largest_batch']['budget'])} with {method}: "
+                         f"{found} ({r['how']})")
+    return "\n".join(lines)
+
+
 __all__ = ["BUILTIN_PLANNERS", "METHODS", "block_modules", "builtin_plan", "checkpoint_blocks", "compare",
-           "largest_batch", "make_planned", "record", "run_planned_training", "simulate_plan", "train_steps"]
+           "get_run_planner", "largest_batch", "make_planned", "parse_limit", "record", "report_table",
+           "run_planned_training", "simulate_plan", "train_steps"]

@@ -1,0 +1,124 @@
+"""``dqn-swap run``: record, plan and really train a zoo network under a memory limit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# The names of dqn_swap.runtime.training.METHODS / BUILTIN_PLANNERS, written out so that
+# --help does not import torch (a test checks they agree).
+METHOD_NAMES = ("unplanned", "planned", "checkpoint", "save_on_cpu")
+RUNTIME_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
+
+RUN_LIMIT_HELP = ("GPU memory limit for the plan: a percentage, as everywhere in dqn-swap (0%% is the least "
+                  "memory any plan needs for the recorded trace, 100%% its unplanned peak); a multiple of "
+                  "the unplanned peak, 0.5x (on CUDA the peak the unplanned run measured, else the "
+                  "trace's); or bytes with a unit (8GiB, 512MiB)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from agents import PLANNER_NAMES
+
+    from ..models import MODEL_NAMES
+
+    p = sub.add_parser(
+        "run", help="train a network for real following a plan, beside the alternatives",
+        description="Record one iteration of a zoo network on the device, plan swapping and "
+                    "recomputation for the memory limit, then train a few steps following the plan "
+                    "and measure step time, throughput and peak memory beside unplanned training, "
+                    "full activation checkpointing and torch's save_on_cpu, with the simulator's "
+                    "prediction for the plan. Optionally find the largest batch that trains under a "
+                    "budget. On the CPU everything runs but memory is not measured.",
+        epilog="Examples: dqn-swap run --model resnet50 --batch-size 256 --memory-limit 50% --planner dqn "
+               "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.5x --planner greedy "
+               "--max-batch planned,checkpoint (0.5x: half the unplanned peak)")
+    p.add_argument("--model", required=True, help=f"a zoo network: {', '.join(MODEL_NAMES)}")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    p.add_argument("--memory-limit", "-m", required=True, help=RUN_LIMIT_HELP)
+    p.add_argument("--planner", default="dqn",
+                   help=f"who plans: {', '.join(PLANNER_NAMES)}, or the runtime's own "
+                        f"{', '.join(RUNTIME_PLANNERS)} (default dqn, the shipped agent)")
+    p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search (default: checkpoints/default.pt)")
+    p.add_argument("--steps", type=int, default=10, help="measured training steps per method, after one "
+                                                         "warm-up step (default 10)")
+    p.add_argument("--device", choices=["cuda", "cpu"],
+                   help="where to train (default: cuda when a GPU is available, else cpu)")
+    p.add_argument("--methods", default=",".join(METHOD_NAMES),
+                   help=f"comma-separated methods to run (default all: {','.join(METHOD_NAMES)}); unplanned "
+                        "is plain training, planned follows the plan")
+    p.add_argument("--max-batch", default="", metavar="METHODS",
+                   help="comma-separated methods whose largest batch size under --budget is searched "
+                        "(measured on CUDA; on the CPU only unplanned and planned, predicted)")
+    p.add_argument("--budget", help="memory budget of --max-batch, same forms as --memory-limit "
+                                    "(default: the limit)")
+    p.add_argument("--profile", help="device profile for planning (default: measured on CUDA, v100-pcie3 on the CPU)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs (default 0)")
+    p.add_argument("--no-expandable-segments", action="store_true",
+                   help="keep CUDA's default allocator settings (default: expandable segments on)")
+    p.add_argument("-o", "--output", help="write the full report here (JSON)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.add_argument("--quiet", action="store_true", help="print no progress messages and no table")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    p.set_defaults(func=run)
+
+
+def methods(text: str, option: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in METHOD_NAMES]
+    if bad:
+        raise ValueError(f"{option}: unknown method {bad[0]!r}; choose from {', '.join(METHOD_NAMES)}")
+    return items
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..cost import PROFILES
+    from ..runtime.training import get_run_planner, parse_limit, report_table, run_planned_training
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
+    if args.batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, not {args.batch_size}")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, not {args.steps}")
+    run_methods = methods(args.methods, "--methods")
+    if not run_methods:
+        raise ValueError("--methods is empty; choose from " + ", ".join(METHOD_NAMES))
+    max_batch = methods(args.max_batch, "--max-batch")
+    parse_limit(args.memory_limit)  # syntax errors now, not after recording and training
+    if args.budget is not None:
+        parse_limit(args.budget)
+    if args.profile is not None and args.profile != "measured" and args.profile not in PROFILES:
+        raise ValueError(f"unknown device profile {args.profile!r}; choose one of: measured, {', '.join(PROFILES)}")
+    from ..models import MODEL_NAMES
+
+    if args.model not in MODEL_NAMES:
+        raise ValueError(f"unknown model {args.model!r}; valid names: {', '.join(MODEL_NAMES)}")
+    out = Path(args.output) if args.output else None
+    if out is not None and out.exists() and not args.force:
+        raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
+    get_run_planner(args.planner, args.agent)  # unknown names and unreadable checkpoints fail now
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"[run] {message}", file=sys.stderr, flush=True)
+
+    report = run_planned_training(args.model, args.batch_size, args.memory_limit, args.planner, args.steps,
+                                  args.device, profile=args.profile, methods=run_methods, seed=args.seed,
+                                  expandable_segments=not args.no_expandable_segments, budget=args.budget,
+                                  max_batch_methods=max_batch, agent=args.agent, progress=say)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        report["report"] = str(out)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    elif not args.quiet:
+        print(report_table(report))
+        if out is not None:
+            print(f"wrote {out}")
+    planned = report["methods"].get("planned")
+    return 1 if planned is not None and planned.get("status") != "ok" else 0

@@ -1,0 +1,207 @@
+"""``dqn-swap train``: train a DQN agent on traces at several memory limits."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from .common import human, print_json, print_table
+from .simulate_cmd import LIMIT_HELP
+
+TRACE_HELP = ("a trace file written by 'dqn-swap record', or MODEL:BATCH (a zoo network, recorded now "
+              "on the meta device, for example resnet_tiny:8)")
+LIMITS_HELP = "comma-separated memory limits, each paired with every trace (default 90%%,70%%,50%%,30%%). "
+# Stands for 0% when handing limits to the trainer, which takes fractions in (0, 1]:
+# lo + 1e-12 * (peak - lo) rounds down to lo for any trace under a terabyte.
+ZERO_PERCENT = 1e-12
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="train a DQN agent that plans swapping and recomputation",
+        description="Train the structure2vec deep Q-network on one or more traces at several memory "
+                    "limits (every trace is paired with every limit and episodes cycle through the "
+                    "pairs), and save the agent with the weights of its best greedy evaluation. "
+                    "Use it with 'dqn-swap plan/simulate/compare/run --planner dqn --agent FILE'.",
+        epilog="Example: dqn-swap train resnet_tiny:8 gpt_tiny:4 --memory-limits 90%,70%,50%,30% "
+               "--steps 20000 -o agent.pt --curve agent.png")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)
+    add_training_options(p, default_limits="90%,70%,50%,30%")
+    p.add_argument("--steps", type=int, help="environment steps to train for (default 20000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same agent (default 0)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from the -o file's resume file (OUTPUT.resume, written "
+                        "at every evaluation); same traces, limits and settings")
+    p.set_defaults(func=run)
+
+
+def add_training_options(p: argparse.ArgumentParser, default_limits: str) -> None:
+    """Options ``train`` and ``finetune`` share."""
+    p.add_argument("--memory-limits", "-m", default=default_limits, help=LIMITS_HELP + LIMIT_HELP)
+    p.add_argument("-o", "--output", required=True, help="agent checkpoint to write (.pt)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="change a training setting (a field of agents.dqn.DQNConfig, for example "
+                        "--set eval_every=500 --set learning_rate=3e-4); repeatable")
+    p.add_argument("--profile", help="device profile for transfer times (default: the one each trace was "
+                                     "recorded with; MODEL:BATCH traces are recorded with v100-pcie3)")
+    p.add_argument("--log-dir", default="runs",
+                   help="TensorBoard logs go to LOG_DIR/RUN_NAME (default ./runs); 'none' writes no logs")
+    p.add_argument("--run-name", help="name of the TensorBoard run (default OUTPUT-STEM__sSEED__TIME)")
+    p.add_argument("--curve", help="also write a PNG of the evaluation score over training")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def split_limits(text: str) -> list[str]:
+    limits = [s.strip() for s in text.split(",") if s.strip()]
+    if not limits:
+        raise ValueError("--memory-limits is empty (for example 90%,70%,50%,30% or 8GiB,6GiB)")
+    return limits
+
+
+def check_limit_text(text: str) -> None:
+    """Refuse a bare number <= 1: a percentage or a size was meant."""
+    try:
+        bare = float(text)
+    except ValueError:
+        return
+    if bare <= 1:
+        raise ValueError(f"memory limit {text!r} has no unit: write a percentage such as {bare * 100:g}% "
+                         "or a size such as 8GiB")
+
+
+def training_limits(traces: dict[str, Any], texts: list[str]) -> list[float | int]:
+    """The CLI's limits as the trainer takes them, checked against every trace.
+
+    A percentage (0% the trace's minimum memory, 100% its unplanned peak) becomes the fraction
+    the trainer resolves the same way per trace; a size becomes bytes.
+    """
+    from ..trace import parse_bytes, resolve_memory_limit
+
+    out: list[float | int] = []
+    for text in texts:
+        check_limit_text(text)
+        for name, trace in traces.items():
+            try:
+                resolve_memory_limit(trace, text)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        if text.endswith("%"):
+            out.append(float(text[:-1]) / 100 or ZERO_PERCENT)
+        else:
+            out.append(parse_bytes(text))
+    return out
+
+
+def check_outputs(args: argparse.Namespace, resume: bool = False) -> Path:
+    """Refuse to replace files before any work is done."""
+    out = Path(args.output)
+    if out.exists() and not args.force and not resume:
+        raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
+    if out.is_dir():
+        raise IsADirectoryError(f"{out}: is a directory")
+    if args.curve:
+        from ..plots import check_output
+
+        check_output(args.curve, args.force)
+    return out
+
+
+def load_traces(specs: list[str], profile: str | None) -> dict[str, Any]:
+    from agents.dqn.report import load_trace_spec
+
+    from ..cost import DEFAULT_PROFILE, PROFILES
+
+    if profile is not None and profile not in PROFILES:
+        raise ValueError(f"unknown device profile {profile!r}; choose one of: {', '.join(PROFILES)}")
+    traces: dict[str, Any] = {}
+    for spec in specs:
+        if not spec.endswith(".trace") and not Path(spec).exists() and ":" not in spec:
+            raise FileNotFoundError(f"{spec}: no such trace file (a zoo network is written MODEL:BATCH, "
+                                    "for example resnet_tiny:8)")
+        if ":" in spec and not Path(spec).exists():
+            batch = spec.partition(":")[2]
+            if batch and not (batch.isdigit() and int(batch) >= 1):
+                raise ValueError(f"{spec}: the batch size after ':' must be a positive integer")
+        traces[spec] = load_trace_spec(spec, profile or DEFAULT_PROFILE)
+    return traces
+
+
+def check_settings(overrides: dict[str, Any]) -> None:
+    import dataclasses
+
+    from agents.dqn import DQNConfig
+
+    names = [f.name for f in dataclasses.fields(DQNConfig)]
+    unknown = [k for k in overrides if k not in names]
+    if unknown:
+        raise ValueError(f"--set {unknown[0]}: not a training setting; choose from: {', '.join(names)}")
+
+
+def log_dir(text: str | None) -> str | None:
+    return None if text is None or text.strip().lower() in ("", "none") else text
+
+
+def command_line(args: argparse.Namespace) -> str:
+    return "dqn-swap " + " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or [args.command])
+
+
+def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
+    """Write the curve, print the summary (or JSON)."""
+    evaluations = result.evaluations
+    last = {k: v for k, v in evaluations[-1].items() if k != "per_env"} if evaluations else {}
+    curve = None
+    if args.curve:
+        from agents.dqn.report import plot_curves
+
+        curve = str(plot_curves({curve_label: [(e["step"], e["score"]) for e in evaluations]}, args.curve,
+                                title=f"{Path(args.output).name}: {', '.join(args.traces)} @ {args.memory_limits}"))
+    summary = {"checkpoint": str(result.path), "steps": result.steps, "wall_time_s": round(result.wall_time, 2),
+               "best": dict(result.best), "last_evaluation": last,
+               "per_environment": evaluations[-1].get("per_env", {}) if evaluations else {},
+               "traces": list(args.traces), "memory_limits": split_limits(args.memory_limits), "curve": curve}
+    if args.json:
+        print_json(summary)
+        return 0
+    best = result.best
+    rows = [("checkpoint", summary["checkpoint"]), ("steps", str(result.steps)),
+            ("wall time", human("wall_time_s", result.wall_time)),
+            ("best", f"score {best.get('score', float('nan')):.4f} at step {best.get('step')} "
+                     f"(overhead {best.get('overhead', float('nan')):.4f}, feasible {best.get('feasible', 0):.0%})")]
+    if last:
+        rows.append(("last evaluation", f"step {last['step']}: score {last['score']:.4f}, overhead "
+                                        f"{last['overhead']:.4f}, feasible {last['feasible']:.0%}, "
+                                        f"{last['n_swap']:.1f} swaps, {last['n_recompute']:.1f} recomputes"))
+    if curve:
+        rows.append(("curve", curve))
+    print_table(rows)
+    print("score: mean over (trace, limit) of overhead plus penalties of the greedy plan; lower is better")
+    print(f"use it: dqn-swap plan TRACE -m 50% --planner dqn --agent {result.path} -o plan.json")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from agents.dqn.report import parse_overrides
+
+    out = check_outputs(args, resume=args.resume)
+    overrides = parse_overrides(args.overrides)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ValueError(f"--steps must be at least 1, not {args.steps}")
+        overrides["total_timesteps"] = args.steps
+    from agents.dqn import DQNConfig
+
+    check_settings(overrides)
+    config = DQNConfig().replace(seed=args.seed, **overrides)
+    limit_texts = split_limits(args.memory_limits)
+    traces = load_traces(args.traces, args.profile)
+    limits = training_limits(traces, limit_texts)
+    from agents.dqn.algorithm import train
+
+    result = train(list(traces.values()), limits, out, config, profile=args.profile, log_dir=log_dir(args.log_dir),
+                   run_name=args.run_name, progress=None, resume=args.resume, overwrite=args.force,
+                   command=command_line(args), threads=args.threads)
+    return summarise(result, args, "greedy plan")

@@ -1,0 +1,325 @@
+"""The workflow subcommands (train, finetune, run) and simulate / plan / compare, on tiny workloads."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import io
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from dqn_swap.cli import main
+from dqn_swap.trace import Trace, format_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+# A few hundred steps of a small network; one thread (two cores, often shared, make torch's
+# thread pool slower than one thread on graphs this small).
+FAST = ["--steps", "300", "--set", "eval_every=150", "--set", "learning_starts=50", "--set", "p=8",
+        "--threads", "1", "--log-dir", "none"]
+
+
+def run(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_quietly(args):
+    """``main`` outside a test function (module fixtures cannot use capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+def one_line_error(code, err, *fragments):
+    assert code == 2, err
+    assert err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("workflows")
+
+
+@pytest.fixture(scope="module")
+def mlp(folder):
+    path = folder / "mlp.trace"
+    run_quietly(["record", "--model", "mlp_tiny", "--batch-size", "4", "-o", str(path)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_trace(folder):
+    path = folder / "mlp2.trace"
+    run_quietly(["record", "--model", "mlp_tiny", "--batch-size", "2", "-o", str(path)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def resnet(folder, tiny_resnet_trace):
+    """resnet_tiny at batch 4, recorded on meta (conftest): baselines find feasible plans for it."""
+    path = folder / "resnet_tiny.trace"
+    tiny_resnet_trace.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def agent(folder, mlp):
+    path = folder / "agent.pt"
+    n = torch.get_num_threads()
+    try:
+        summary = json.loads(run_quietly(["train", str(mlp), "--memory-limits", "90%,50%", "-o", str(path),
+                                          "--curve", str(folder / "agent.png"), "--json", *FAST]))
+    finally:
+        torch.set_num_threads(n)
+    return path, summary
+
+
+# --------------------------------------------------------------------------- train
+def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
+    from agents.dqn import load_agent
+    from dqn_swap.plan import Plan
+
+    path, summary = agent
+    assert summary["checkpoint"] == str(path) and summary["steps"] == 300
+    assert summary["last_evaluation"]["step"] == 300 and "score" in summary["best"]
+    assert summary["memory_limits"] == ["90%", "50%"]
+    assert (folder / "agent.png").stat().st_size > 1000
+    net, config, ckpt = load_agent(path)
+    assert config.p == 8 and config.total_timesteps == 300
+    assert ckpt["training"]["command"].startswith("dqn-swap train ")
+    assert ckpt["training"]["environments"] == ["mlp_tiny@90%", "mlp_tiny@50%"]
+    trace = Trace.load(mlp)
+    assert ckpt["trace_fingerprints"] == [trace.fingerprint]
+
+    plan_path = folder / "dqn-plan.json"
+    code, out, err = run(["plan", str(mlp), "-m", "70%", "--planner", "dqn", "--agent", str(path),
+                          "-o", str(plan_path), "--json"], capsys)
+    assert code in (0, 1), err  # 1: the (barely trained) agent's plan does not fit
+    figures = json.loads(out)
+    assert figures["planner"] == "dqn" and "feasible" in figures
+    plan = Plan.load(plan_path, trace)
+    assert plan.planner == "dqn" and plan.settings["agent"] == str(path)
+
+
+def test_train_refuses_to_overwrite(agent, mlp, capsys):
+    path, _ = agent
+    before = path.read_bytes()
+    code, out, err = run(["train", str(mlp), "-m", "50%", "-o", str(path), *FAST], capsys)
+    one_line_error(code, err, "already exists", "--force")
+    assert path.read_bytes() == before
+
+
+def test_limit_below_the_minimum_names_it(mlp, tmp_path, capsys):
+    minimum = Trace.load(mlp).minimum_memory
+    # MODEL:BATCH is recorded on the meta device: the same trace as the file
+    code, _, err = run(["train", "mlp_tiny:4", str(mlp), "-m", "90%,1KiB", "-o", str(tmp_path / "a.pt"), *FAST],
+                       capsys)
+    one_line_error(code, err, "mlp_tiny:4: memory limit 1.00 KiB is below the minimum", format_bytes(minimum),
+                   str(minimum))
+    assert not (tmp_path / "a.pt").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-m", "0.5"], "has no unit"),
+    (["-m", "150%"], "between 0%"),
+    (["-m", "50%", "--set", "nonsense=1"], "not a training setting"),
+    (["-m", "50%", "--set", "oops"], "key=value"),
+])
+def test_train_bad_input_one_line(args, message, mlp, tmp_path, capsys):
+    code, _, err = run(["train", str(mlp), *args, "-o", str(tmp_path / "a.pt"), "--log-dir", "none"], capsys)
+    one_line_error(code, err, message)
+
+
+def test_train_unknown_trace_one_line(tmp_path, capsys):
+    code, _, err = run(["train", "nonexistent", "-o", str(tmp_path / "a.pt")], capsys)
+    one_line_error(code, err, "no such trace file")
+
+
+# --------------------------------------------------------------------------- finetune
+def test_finetune_from_the_trained_agent(agent, mlp, tmp_path, capsys):
+    from agents.dqn import load_agent
+
+    source, _ = agent
+    out_path = tmp_path / "ft.pt"
+    code, out, err = run(["finetune", str(mlp), "--from", str(source), "-m", "70%", "-o", str(out_path),
+                          "--steps", "100", "--set", "eval_every=50", "--set", "learning_starts=20",
+                          "--threads", "1", "--log-dir", "none", "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["steps"] == 100 and summary["checkpoint"] == str(out_path)
+    _, config, ckpt = load_agent(out_path)
+    assert ckpt["training"]["init_from"] == str(source)
+    assert config.start_e == 0.2 and config.p == 8  # the source's network, less exploration
+    assert ckpt["training"]["evaluations"][0]["step"] == 0  # the starting agent is evaluated first
+
+
+def test_finetune_missing_source_one_line(mlp, tmp_path, capsys):
+    code, _, err = run(["finetune", str(mlp), "--from", str(tmp_path / "none.pt"), "-o", str(tmp_path / "x.pt")],
+                       capsys)
+    one_line_error(code, err, "no such agent checkpoint")
+
+
+# --------------------------------------------------------------------------- run
+def test_run_on_cpu_prints_a_table_and_writes_json(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    code, out, err = run(["run", "--model", "mlp_tiny", "--batch-size", "4", "--device", "cpu", "--planner",
+                          "swap-all", "--memory-limit", "50%", "--steps", "1", "-o", str(report_path)], capsys)
+    assert code == 0, err
+    assert "planned" in out and "save_on_cpu" in out and "not measured on cpu" in out
+    report = json.loads(report_path.read_text())
+    assert {m: r["status"] for m, r in report["methods"].items()} == {
+        "unplanned": "ok", "planned": "ok", "checkpoint": "ok", "save_on_cpu": "ok"}
+    low, high = report["trace"]["minimum_memory"], report["trace"]["peak_bytes"]
+    assert report["memory_limit"] == round(low + 0.5 * (high - low))  # % means what it means in plan
+    assert report["plan"]["planner"] == "swap-all"
+    code, _, err = run(["run", "--model", "mlp_tiny", "--device", "cpu", "-m", "50%", "-o", str(report_path)],
+                       capsys)
+    one_line_error(code, err, "already exists")
+
+
+def test_run_with_a_baseline_planner_and_a_multiple_of_the_peak(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code, out, err = run(["run", "--model", "mlp_tiny", "--batch-size", "4", "--device", "cpu", "--planner",
+                              "greedy", "-m", "0.9x", "--steps", "1", "--methods", "unplanned,planned",
+                              "-o", str(report_path), "--quiet", "--json"], capsys)
+    assert code == 0, err
+    printed = json.loads(out)
+    report = json.loads(report_path.read_text())
+    assert printed["memory_limit"] == report["memory_limit"] == int(0.9 * report["unplanned_peak_bytes"])
+    assert report["plan"]["planner"] == "greedy" and set(report["methods"]) == {"unplanned", "planned"}
+    assert err == ""  # --quiet
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is available")
+def test_run_on_cuda_without_a_gpu_one_line(capsys):
+    code, _, err = run(["run", "--model", "mlp_tiny", "--device", "cuda", "-m", "50%"], capsys)
+    one_line_error(code, err, "no CUDA GPU is available")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-m", "0.5"], "ambiguous"),
+    (["-m", "50%", "--planner", "nonsense"], "unknown planner 'nonsense'"),
+    (["-m", "50%", "--methods", "planned,magic"], "unknown method 'magic'"),
+    (["-m", "50%", "--agent", "/nonexistent.pt"], "no such file"),
+])
+def test_run_bad_input_one_line(args, message, capsys):
+    code, _, err = run(["run", "--model", "mlp_tiny", "--device", "cpu", *args], capsys)
+    one_line_error(code, err, message)
+
+
+def test_run_script_and_subcommand_share_names():
+    from dqn_swap.cli import run_cmd
+    from dqn_swap.runtime.training import BUILTIN_PLANNERS, METHODS
+
+    assert run_cmd.METHOD_NAMES == METHODS and run_cmd.RUNTIME_PLANNERS == BUILTIN_PLANNERS
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scripts_take_their_earlier_spelling():
+    train = load_script("train_agent")
+    assert train.translate(["--trace", "a.trace", "--trace", "gpt_tiny:4", "--limits", "0.9", "0.3", "8e9",
+                            "--steps", "5", "--out", "x.pt"], "train") == [
+        "train", "a.trace", "gpt_tiny:4", "--memory-limits", "90%,30%,8000000000", "--steps", "5",
+        "--output", "x.pt"]
+    runner = load_script("run_planned_training")
+    assert runner.translate(["gpt", "--limit", "0.5", "--out", "r.json", "--quiet"]) == [
+        "run", "--model", "gpt", "--memory-limit", "0.5x", "--output", "r.json", "--force", "--quiet",
+        "--planner", "greedy"]
+    assert runner.translate(["gpt", "--planner", "dqn"])[-2:] == ["--memory-limit", "0.5x"]
+
+
+# --------------------------------------------------------------------------- help
+@pytest.mark.parametrize("command", ["train", "finetune", "run"])
+def test_help_of_new_subcommands(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert "Example" in out and f"dqn-swap {command} " in out and "%%" not in out
+
+
+def test_top_level_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    positions = [out.index(f"    {c} ") for c in
+                 ("record", "inspect", "simulate", "plan", "compare", "train", "finetune", "run")]
+    assert positions == sorted(positions)
+
+
+# --------------------------------------------------------------------------- simulate, plan, compare
+def test_simulate_with_a_baseline(resnet, capsys):
+    code, out, err = run(["simulate", str(resnet), "-m", "70%", "--planner", "greedy", "--json"], capsys)
+    assert code == 0, err
+    figures = json.loads(out)
+    assert figures["feasible"] is True and figures["planner"] == "greedy"
+    assert figures["peak_bytes"] <= figures["memory_limit"]
+    trace = Trace.load(resnet)
+    assert figures["memory_limit"] == round(trace.minimum_memory + 0.7 * (trace.peak_bytes - trace.minimum_memory))
+
+
+def test_plan_writes_a_plan_and_refuses_to_overwrite_it(resnet, tmp_path, capsys):
+    from dqn_swap.plan import Plan
+
+    path = tmp_path / "plan.json"
+    code, out, err = run(["plan", str(resnet), "-m", "80%", "--planner", "greedy", "-o", str(path)], capsys)
+    assert code == 0, err
+    assert str(path) in out and path.exists()
+    plan = Plan.load(path, Trace.load(resnet))
+    assert plan.planner == "greedy"
+    before = path.read_bytes()
+    code, _, err = run(["plan", str(resnet), "-m", "80%", "--planner", "greedy", "-o", str(path)], capsys)
+    one_line_error(code, err, "already exists")
+    assert path.read_bytes() == before
+    code, out, err = run(["simulate", str(resnet), "--plan", str(path), "--json"], capsys)
+    assert json.loads(out)["memory_limit"] == plan.memory_limit
+
+
+def test_simulate_a_plan_made_for_another_trace(resnet, other_trace, tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert run(["plan", str(other_trace), "-m", "80%", "--planner", "greedy", "-o", str(path)], capsys)[0] in (0, 1)
+    code, _, err = run(["simulate", str(resnet), "--plan", str(path)], capsys)
+    one_line_error(code, err, "made for trace")
+
+
+def test_compare_writes_tables_and_plots(resnet, tmp_path, capsys):
+    folder = tmp_path / "cmp"
+    code, out, err = run(["compare", str(resnet), "--planners", "greedy,window", "--memory-limits", "90%,60%",
+                          "-o", str(folder), "--json"], capsys)
+    assert code == 0, err
+    rows = json.loads(out)
+    assert len(rows) == 4 and {r["planner"] for r in rows} == {"greedy", "window"}
+    assert all(r["feasible"] for r in rows)
+    assert "greedy" in (folder / "compare.md").read_text()
+    with open(folder / "compare.csv") as f:
+        assert len(list(csv.DictReader(f))) == 4
+    for png in ("overhead.png", "makespan_lb.png"):
+        assert (folder / png).stat().st_size > 1000
+    code, _, err = run(["compare", str(resnet), "--planners", "greedy", "--memory-limits", "90%", "-o", str(folder)],
+                       capsys)
+    one_line_error(code, err, "already exists")
