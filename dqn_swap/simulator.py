@@ -346,7 +346,8 @@ class Simulator:
         r_op, r_t = eop[reads][order], ete[reads][order]
         bounds = np.searchsorted(r_op, np.arange(n_ops + 1))
         r_t_l, alloc_l = r_t.tolist(), self._alloc
-        self._op_inputs: list[tuple[int, ...]] = [
+        #: per op, the tensors it reads and did not allocate itself (a re-run's inputs)
+        self.op_inputs: list[tuple[int, ...]] = [
             tuple(t for t in r_t_l[bounds[p]:bounds[p + 1]] if alloc_l[t] != p) for p in range(n_ops)]
 
     # ------------------------------------------------------------- validity
@@ -502,7 +503,7 @@ class Simulator:
             targets: dict[int, list[int]] = {}
             for t, (_, n) in removed.items():
                 targets.setdefault(n, []).append(t)
-            inputs, dur = self._op_inputs, self._dur
+            inputs, dur = self.op_inputs, self._dur
             for n, tg in targets.items():
                 # Closure: everything that must be materialised before op n.
                 need_set = set(tg)

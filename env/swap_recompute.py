@@ -13,8 +13,8 @@ from dqn_swap.cost import DeviceProfile, get_profile
 from dqn_swap.plan import Action, Plan
 from dqn_swap.trace import Trace
 
-from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, FEATURES, N_FEATURES, ActionGraph,
-                         build_action_graph)
+from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, FEATURES, N_FEATURES, RECOMPUTE,
+                         ActionGraph, build_action_graph)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,29 @@ def resolve_limit(trace: Trace, limit: float | int) -> int:
     if value <= 0:
         raise ValueError(f"memory limit must be positive, got {limit!r}")
     return value
+
+
+def _recompute_links(trace: Trace, sim: Any, g: ActionGraph) -> dict[int, np.ndarray]:
+    """For each recompute node, the recompute nodes that choosing it makes invalid when chains are off.
+
+    Removing ``X`` blocks removing the inputs of ``X``'s producer and the
+    tensors whose producer reads ``X``: either would make a re-run need
+    another re-run (a chain), which the simulator charges once per target
+    (transient inputs), so a chain of ``k`` removed tensors costs ``O(k^2)``
+    re-runs, as in an LSTM's cell-state chain.
+    """
+    rec_nodes = np.flatnonzero(g.kind == RECOMPUTE)
+    node_of = {int(g.tensor[n]): int(n) for n in rec_nodes}
+    inputs = sim.op_inputs  # per op: tensors it reads and did not allocate
+    alloc = trace.tensor_alloc_op
+    links: dict[int, set[int]] = {int(n): set() for n in rec_nodes}
+    for n in rec_nodes.tolist():
+        for y in inputs[int(alloc[int(g.tensor[n])])]:
+            m = node_of.get(int(y))
+            if m is not None and m != n:
+                links[n].add(m)  # n removed: its producer's input y must stay
+                links[m].add(n)  # y removed: n's re-run would need y's re-run
+    return {n: np.fromiter(sorted(v), dtype=np.int64, count=len(v)) for n, v in links.items()}
 
 
 class SwapRecomputeEnv(gym.Env):
@@ -82,8 +105,13 @@ class SwapRecomputeEnv(gym.Env):
 
     An action is valid when its tensor has no action yet and it frees memory
     at the decision point (its decision event runs before that op and its
-    next read after it).  *Do nothing* is valid only when no other action is
-    (the plan is already feasible, or nothing can help).
+    next read after it).  With ``recompute_chains=False`` a recompute action
+    is also invalid when it would form a chain with one already chosen: its
+    producer reads a removed tensor, or it is read by a removed tensor's
+    producer (the simulator re-runs transient inputs once per target, so a
+    chain of ``k`` removals costs ``O(k^2)`` re-runs).  *Do nothing* is
+    valid only when no other action is (the plan is already feasible, or
+    nothing can help).
     ``info["action_mask"]`` and :meth:`action_masks` give the valid actions.
     An invalid action changes nothing and costs ``invalid_penalty``; it never
     raises.
@@ -155,7 +183,8 @@ class SwapRecomputeEnv(gym.Env):
     trace's), ``graph`` (``"candidates"`` or ``"events"``),
     ``infeasible_penalty`` (1.0), ``invalid_penalty`` (0.1),
     ``max_episode_steps``, ``simulator`` (reuse a Simulator for this trace
-    and limit), ``action_graph`` (reuse the static graph of this trace).
+    and limit), ``action_graph`` (reuse the static graph of this trace),
+    ``recompute_chains`` (True: any valid recompute; False: no chains, above).
 
     ``gymnasium.make("dqn_swap/SwapRecompute-v0", trace=..., memory_limit=...)``
     works after ``import env``.
@@ -170,7 +199,8 @@ class SwapRecomputeEnv(gym.Env):
     def __init__(self, trace: Trace, memory_limit: float | int, profile: str | DeviceProfile | None = None,
                  *, graph: str = "candidates", infeasible_penalty: float = 1.0, invalid_penalty: float = 0.1,
                  max_episode_steps: int | None = None, simulator: Any = None,
-                 action_graph: ActionGraph | None = None, render_mode: str | None = None) -> None:
+                 action_graph: ActionGraph | None = None, recompute_chains: bool = True,
+                 render_mode: str | None = None) -> None:
         from dqn_swap.simulator import Simulator
 
         if not isinstance(trace, Trace):
@@ -197,6 +227,8 @@ class SwapRecomputeEnv(gym.Env):
         self._edge_links = np.ascontiguousarray(g.edge_index.T)
         self._op_start = trace.op_start
         self._empty = None  # simulated result of the empty plan, computed once
+        self.recompute_chains = bool(recompute_chains)
+        self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
         self._reset_state()
 
     # ------------------------------------------------------------------ state
@@ -204,6 +236,7 @@ class SwapRecomputeEnv(gym.Env):
         self.actions: list[Action] = []
         self._acted = np.zeros(self.trace.n_tensors, dtype=bool)
         self._chosen = np.zeros(self.graph.n_nodes, dtype=bool)
+        self._chain_blocked = np.zeros(self.graph.n_nodes, dtype=bool)
         self._overhead = 0.0
         self._penalty = 0.0
         self._steps = 0
@@ -233,6 +266,7 @@ class SwapRecomputeEnv(gym.Env):
             self._deficit = max(need, 0.0)
             valid = ((g.event_op >= 0) & (g.event_op < op) & (g.reuse_op > op))
             valid &= ~self._acted[np.maximum(g.tensor, 0)]
+            valid &= ~self._chain_blocked
         if not valid.any():
             valid[0] = True  # nothing to do, or nothing can help: only "do nothing"
         self._valid = valid
@@ -309,6 +343,8 @@ class SwapRecomputeEnv(gym.Env):
             self.actions.append(act)
             self._acted[act.tensor] = True
             self._chosen[a] = True
+            if self._chain_links is not None and self.graph.kind[a] == RECOMPUTE:
+                self._chain_blocked[self._chain_links[a]] = True
             self._simulate()
             overhead = float(self.result.overhead)
             reward = -(overhead - self._overhead)
@@ -321,6 +357,19 @@ class SwapRecomputeEnv(gym.Env):
         self._done = terminated or truncated
         self.episode_return += reward
         return self._obs(), float(reward), terminated, truncated, self._info()
+
+    _EPISODE_FIELDS = ("actions", "_acted", "_chosen", "_chain_blocked", "_overhead", "_penalty", "_steps",
+                       "_done", "result", "_feasible", "_op", "_deficit", "_valid", "episode_return")
+
+    def snapshot(self) -> tuple:
+        """The episode's state, for :meth:`restore` (a planner's lookahead)."""
+        return tuple(v.copy() if isinstance(v, (np.ndarray, list)) else v
+                     for v in (getattr(self, f) for f in self._EPISODE_FIELDS))
+
+    def restore(self, snap: tuple) -> None:
+        """Return to a state taken by :meth:`snapshot`."""
+        for f, v in zip(self._EPISODE_FIELDS, snap):
+            setattr(self, f, v.copy() if isinstance(v, (np.ndarray, list)) else v)
 
     # ------------------------------------------------------------ results
     @property

@@ -11,7 +11,7 @@ from dqn_swap.models.resnet import CifarResNet
 EXPECTED_NAMES = {
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet1001", "resnet1517",
     "vgg16", "vgg19", "unet", "lstm", "densenet121", "resnet_sd", "kmeans", "gpt", "gpt_tiny",
-    "mlp_tiny", "resnet_tiny",
+    "mlp_tiny", "resnet_tiny", "lstm_short",
 }
 
 
@@ -20,6 +20,8 @@ def output_shape(name: str, batch: int) -> tuple[int, ...]:
         return (batch, 2, 256, 256)
     if name == "lstm":
         return (batch, 100, 65)
+    if name == "lstm_short":
+        return (batch, 20, 65)
     if name == "gpt":
         return (batch, 512, 50257)
     if name == "gpt_tiny":

@@ -29,7 +29,7 @@ from env.swap_recompute import SwapRecomputeEnv, resolve_limit
 from .buffer import NStepAccumulator, ReplayBuffer
 from .checkpoint import (CheckpointError, load_agent, load_resume, resume_path, save_agent, save_resume)
 from .config import DQNConfig
-from .planner import episode_summary, greedy_episode, make_env
+from .planner import episode_summary, greedy_episode, make_env, torch_threads
 from .policy import GraphBatcher, QNetwork, masked_argmax, q_values
 from torch_geometric.utils import scatter
 
@@ -146,8 +146,17 @@ def train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence
     out_path = Path(out_path)
     if out_path.exists() and not overwrite and not resume:
         raise FileExistsError(f"{out_path}: already exists (pass overwrite=True / --force to replace it)")
-    if threads:
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
+        return _train(traces, memory_limits, out_path, config, profile=profile, log_dir=log_dir,
+                      run_name=run_name, progress=progress, resume=resume, overwrite=overwrite,
+                      init_from=init_from, command=command)
+
+
+def _train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence[float | int],
+           out_path: Path, config: DQNConfig, *, profile: str | DeviceProfile | None,
+           log_dir: str | os.PathLike[str] | None, run_name: str | None, progress: bool | None,
+           resume: bool, overwrite: bool, init_from: str | os.PathLike[str] | None,
+           command: str | None) -> TrainResult:
     t_start = time.perf_counter()
 
     # ---- seeding

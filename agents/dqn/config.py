@@ -14,10 +14,14 @@ class DQNConfig:
     Network (section 4.4, 4.9): ``p`` embedding size (32: half the paper's
     64, for training speed on two CPU cores), ``T`` structure2vec iterations, ``readout`` ``"sum"`` (Eq. 2 as written) or ``"mean"`` (ours:
     the graph state does not grow with the graph, which helps one agent serve
-    graphs of very different sizes), ``bias`` adds biases to the linear maps.
+    graphs of very different sizes), ``bias`` adds biases to the linear maps,
+    ``aggr`` ``"sum"`` (Eq. 1) or ``"mean"`` (ours: neighbourhood averages),
+    ``head_features`` (ours: the Q head also reads the node's own features).
 
     Environment: ``graph`` (``"candidates"`` or ``"events"``, see
-    :mod:`env.candidates`), penalties.
+    :mod:`env.candidates`), ``recompute_chains`` (False: a recompute action
+    that would need another removed tensor re-run first is invalid, see
+    :class:`env.SwapRecomputeEnv`), penalties.
 
     Fitted Q-iteration (section 4.10, Algorithm 1) and named improvements:
     ``target_network`` (a frozen copy updated every ``target_update`` steps;
@@ -34,9 +38,12 @@ class DQNConfig:
     T: int = 4
     readout: str = "mean"
     head: str = "eq3"
+    head_features: bool = False
+    aggr: str = "sum"
     bias: bool = True
     # environment
     graph: str = "candidates"
+    recompute_chains: bool = True
     infeasible_penalty: float = 1.0
     invalid_penalty: float = 0.1
     # learning

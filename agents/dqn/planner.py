@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +38,29 @@ from .policy import GraphBatcher, QNetwork, q_values
 DEFAULT_AGENT = Path(__file__).resolve().parents[2] / "checkpoints" / "default.pt"
 
 
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with ``n`` intra-op threads (default 1), then restore torch's setting.
+
+    The graphs are small (hundreds to ~10^4 nodes, p = 32): one thread is as
+    fast as several on an idle machine, and several threads spin and thrash
+    on a busy one (3-5x slower measured beside two other jobs on two cores).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(int(n or 1), 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def make_env(trace: Trace, memory_limit: float | int, profile: str | DeviceProfile | None,
              config: DQNConfig, **kwargs: Any) -> SwapRecomputeEnv:
     """The environment an agent with ``config`` was trained in."""
     return SwapRecomputeEnv(trace, memory_limit, profile, graph=config.graph,
                             infeasible_penalty=config.infeasible_penalty,
-                            invalid_penalty=config.invalid_penalty, **kwargs)
+                            invalid_penalty=config.invalid_penalty,
+                            recompute_chains=config.recompute_chains, **kwargs)
 
 
 @torch.no_grad()
@@ -82,14 +101,18 @@ class DQNPlanner:
 
     name = "dqn"
 
-    def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, threads: int | None = None) -> None:
+    def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, threads: int | None = None,
+                 recompute_chains: bool | None = None) -> None:
         self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
         self.net, self.config, ckpt = load_agent(self.agent_path)
+        if recompute_chains is not None:  # plan in another environment than the agent's own
+            self.config = self.config.replace(recompute_chains=bool(recompute_chains))
         self.training = ckpt.get("training", {})
         self.threads = threads
 
     def _settings(self, **extra: Any) -> dict[str, Any]:
-        return {"agent": str(self.agent_path), "graph": self.config.graph, **extra}
+        return {"agent": str(self.agent_path), "graph": self.config.graph,
+                "recompute_chains": self.config.recompute_chains, **extra}
 
     def _env(self, trace: Trace, memory_limit: int, profile: Any) -> SwapRecomputeEnv:
         if isinstance(profile, str) or profile is None or isinstance(profile, DeviceProfile):
@@ -97,11 +120,10 @@ class DQNPlanner:
         raise TypeError(f"profile must be a name or a DeviceProfile, not {type(profile).__name__}")
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
-        if self.threads:
-            torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
         env = self._env(trace, memory_limit, profile)
-        summary = greedy_episode(self.net, GraphBatcher(), env)
+        with torch_threads(self.threads):
+            summary = greedy_episode(self.net, GraphBatcher(), env)
         return env.plan(self.name, self._settings(steps=summary["steps"],
                                                   plan_seconds=round(time.perf_counter() - t0, 3)))
 
@@ -112,8 +134,8 @@ class DQNSearchPlanner(DQNPlanner):
     name = "dqn-search"
 
     def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, k: int = 4,
-                 threads: int | None = None) -> None:
-        super().__init__(agent_path, threads=threads)
+                 threads: int | None = None, recompute_chains: bool | None = None) -> None:
+        super().__init__(agent_path, threads=threads, recompute_chains=recompute_chains)
         self.k = int(k)
 
     @torch.no_grad()
@@ -135,24 +157,21 @@ class DQNSearchPlanner(DQNPlanner):
 
     def _peek(self, env: SwapRecomputeEnv, a: int, batcher: GraphBatcher) -> tuple[float, bool, float]:
         """Simulated reward of ``a``, whether it ends the episode, and the best Q after it; env unchanged."""
-        saved = (list(env.actions), env._acted.copy(), env._chosen.copy(), env._overhead, env._penalty, env._steps, env._done,
-                 env.result, env._feasible, env._op, env._deficit, env._valid, env.episode_return)
+        saved = env.snapshot()
         _, r, term, trunc, _ = env.step(a)
         next_q = 0.0 if (term or trunc) else float(np.max(greedy_q(self.net, batcher, env)))
-        (env.actions, env._acted, env._chosen, env._overhead, env._penalty, env._steps, env._done, env.result,
-         env._feasible, env._op, env._deficit, env._valid, env.episode_return) = saved
+        env.restore(saved)
         return r, term, next_q
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
-        if self.threads:
-            torch.set_num_threads(self.threads)
         t0 = time.perf_counter()
         batcher = GraphBatcher()
         env = self._env(trace, memory_limit, profile)
-        self._search_episode(env, batcher)
-        search_plan = env.plan(self.name, self._settings(k=self.k, decoded="search"))
-        search_cost = (env.result.overhead if env.feasible else np.inf)
-        greedy = greedy_episode(self.net, batcher, env)
+        with torch_threads(self.threads):
+            self._search_episode(env, batcher)
+            search_plan = env.plan(self.name, self._settings(k=self.k, decoded="search"))
+            search_cost = (env.result.overhead if env.feasible else np.inf)
+            greedy = greedy_episode(self.net, batcher, env)
         greedy_cost = greedy["overhead"] if greedy["feasible"] else np.inf
         if greedy_cost < search_cost or (not np.isfinite(search_cost) and not np.isfinite(greedy_cost)):
             plan = env.plan(self.name, self._settings(k=self.k, decoded="greedy"))

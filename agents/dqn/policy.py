@@ -35,29 +35,51 @@ class S2VConv(MessagePassing):
     :math:`\mathcal N(v)` the neighbours of ``v`` *and v itself* (a self loop
     of lag 0).  The paper's ``F`` is 6; ours is the environment's 11 columns.
     ``bias=True`` gives every map a bias (the paper writes none).
+    ``aggr="mean"`` (ours) divides both sums by :math:`|\mathcal N(v)|`, so
+    that the embedding's scale does not grow with the degree and with ``T``.
+
+    Shapes: ``x`` ``(N, F)``, ``edge_index`` ``(2, E)``, ``edge_weight`` ``(E,)``,
+    ``s`` and the output ``(N, p)``.
 
     The two terms that do not depend on :math:`s^t` are the same in every
     iteration; :meth:`static_term` computes them once and :meth:`forward`
     takes them, so ``T`` iterations cost ``T`` sparse sums.
     """
 
-    def __init__(self, in_features: int, p: int, bias: bool = True) -> None:
+    def __init__(self, in_features: int, p: int, bias: bool = True, aggr: str = "sum") -> None:
+        if aggr not in ("sum", "mean"):
+            raise ValueError(f"aggr must be 'sum' or 'mean', not {aggr!r}")
         super().__init__(aggr="add")
+        self.mean = aggr == "mean"
         self.w1 = nn.Linear(in_features, p, bias=bias)
         self.w2 = nn.Linear(p, p, bias=False)
         self.w3 = nn.Linear(p, p, bias=False)
         self.w4 = nn.Linear(1, p, bias=bias)
 
+    def _inv_size(self, edge_index: Tensor, n: int, like: Tensor) -> Tensor | None:
+        """``1 / |N(v)|`` per node (self loop included) for ``aggr="mean"``, else None."""
+        if not self.mean:
+            return None
+        deg = torch.bincount(edge_index[1], minlength=n).to(like.dtype) + 1.0
+        return deg.reciprocal().unsqueeze(1)
+
     def static_term(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor) -> Tensor:
-        """:math:`W_1 x_v + W_3 \\sum_{u \\in N(v)} ReLU(W_4 w(u, v))` (self loop included)."""
+        r""":math:`W_1 x_v + W_3 \sum_{u \in N(v)} ReLU(W_4 w(u, v))` (self loop included)."""
         n = x.size(0)
         e = torch.relu(self.w4(edge_weight.view(-1, 1)))
         agg = scatter(e, edge_index[1], dim=0, dim_size=n, reduce="sum")
         agg = agg + torch.relu(self.w4(edge_weight.new_zeros(1, 1)))  # the self loop, lag 0
+        inv = self._inv_size(edge_index, n, x)
+        if inv is not None:
+            agg = agg * inv
         return self.w1(x) + self.w3(agg)
 
     def forward(self, s: Tensor, edge_index: Tensor, static: Tensor) -> Tensor:  # noqa: D102
-        return torch.relu(static + self.w2(self.propagate(edge_index, x=s) + s))
+        agg = self.propagate(edge_index, x=s) + s
+        inv = self._inv_size(edge_index, s.size(0), s)
+        if inv is not None:
+            agg = agg * inv
+        return torch.relu(static + self.w2(agg))
 
     def message(self, x_j: Tensor) -> Tensor:  # noqa: D102
         return x_j
@@ -70,7 +92,9 @@ class QNetwork(nn.Module):
     * graph state (Eq. 2) :math:`g = [W_5 \sum_{u} s_u^T,\; W_6 s_c^T]` with ``c`` the node
       under execution (``readout="mean"`` averages instead of summing);
     * Q head (Eq. 3) :math:`\hat Q(g, s_a^T) = W_7\, \mathrm{ReLU}([g, W_8 s_a^T])` for every node ``a``
-      (``head="mlp"``: :math:`W_7` is a two-layer perceptron).
+      (``head="mlp"``: :math:`W_7` is a two-layer perceptron; ``head_features=True`` (ours)
+      appends :math:`W_9 x_a`, the node's own features, to the head's input, so that the
+      ranking of actions can read them unmixed with the neighbourhood).
     """
 
     def __init__(self, config: DQNConfig, in_features: int = N_FEATURES) -> None:
@@ -80,14 +104,16 @@ class QNetwork(nn.Module):
             raise ValueError(f"readout must be 'sum' or 'mean', not {config.readout!r}")
         self.T = config.T
         self.readout = config.readout
-        self.conv = S2VConv(in_features, p, bias)
+        self.conv = S2VConv(in_features, p, bias, config.aggr)
         self.w5 = nn.Linear(p, p, bias=bias)
         self.w6 = nn.Linear(p, p, bias=bias)
         if config.head not in ("eq3", "mlp"):
             raise ValueError(f"head must be 'eq3' or 'mlp', not {config.head!r}")
-        self.w7 = nn.Linear(3 * p, 1, bias=bias) if config.head == "eq3" else nn.Sequential(
-            nn.Linear(3 * p, p, bias=bias), nn.ReLU(), nn.Linear(p, 1, bias=bias))
+        width = 4 * p if config.head_features else 3 * p
+        self.w7 = nn.Linear(width, 1, bias=bias) if config.head == "eq3" else nn.Sequential(
+            nn.Linear(width, p, bias=bias), nn.ReLU(), nn.Linear(p, 1, bias=bias))
         self.w8 = nn.Linear(p, p, bias=bias)
+        self.w9 = nn.Linear(in_features, p, bias=bias) if config.head_features else None
 
     def embed(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
         static = self.conv.static_term(x, edge_index, edge_attr)
@@ -102,7 +128,8 @@ class QNetwork(nn.Module):
         s = self.embed(x, edge_index, edge_attr)
         pooled = scatter(s, batch, dim=0, dim_size=num_graphs, reduce=self.readout)
         g = torch.cat([self.w5(pooled), self.w6(s[current])], dim=1)
-        return self.w7(torch.relu(torch.cat([g[batch], self.w8(s)], dim=1))).squeeze(1)
+        parts = [g[batch], self.w8(s)] if self.w9 is None else [g[batch], self.w8(s), self.w9(x)]
+        return self.w7(torch.relu(torch.cat(parts, dim=1))).squeeze(1)
 
 
 class GraphBatcher:

@@ -50,7 +50,8 @@ def add_training_options(p: argparse.ArgumentParser, default_limits: str) -> Non
                    help="TensorBoard logs go to LOG_DIR/RUN_NAME (default ./runs); 'none' writes no logs")
     p.add_argument("--run-name", help="name of the TensorBoard run (default OUTPUT-STEM__sSEED__TIME)")
     p.add_argument("--curve", help="also write a PNG of the evaluation score over training")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=int, help="CPU threads for torch while training (default 1: the graphs "
+                                               "are small, and more threads thrash on a busy machine)")
     p.add_argument("--force", action="store_true", help="replace the output file if it exists")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 

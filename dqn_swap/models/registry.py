@@ -14,6 +14,8 @@ vgg16, vgg19    VGG configurations D and E, no batch norm
 densenet121     DenseNet-BC-121
 unet            U-Net, 3x256x256 input, 2 classes, per-pixel cross entropy
 lstm            char-rnn: 2-layer LSTM 512, vocabulary 65, 100 steps, next-char loss
+lstm_short      the same char-rnn unrolled over 20 steps (a 5x smaller graph of the same
+                shape, to train agents for ``lstm`` quickly: section 4.4.2 of the DQN paper)
 gpt             GPT-2-small-shaped decoder, 512 tokens, vocabulary 50257, next-token loss
 gpt_tiny        2 layers, d_model 128, 4 heads, 64 tokens, vocabulary 1000, for tests
 kmeans          one Lloyd iteration, batch_size*1024 points in 64-d, 256 centroids
@@ -144,6 +146,7 @@ _BUILDERS: dict[str, _Builder] = {
     "densenet121": _classifier(lambda seed: DenseNet(), _IMAGENET, 1000),
     "unet": _segmenter,
     "lstm": _language(CharLSTM, 65, 100),
+    "lstm_short": _language(CharLSTM, 65, 20),
     "gpt": _language(lambda: GPT(GPTConfig()), GPTConfig.vocab, GPTConfig.seq_len),
     "gpt_tiny": _language(lambda: GPT(_GPT_TINY), _GPT_TINY.vocab, _GPT_TINY.seq_len),
     "kmeans": _kmeans,

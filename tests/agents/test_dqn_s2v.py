@@ -76,3 +76,36 @@ def test_eq3_head_shapes():
     net = QNetwork(DQNConfig(p=64, T=4))
     assert net.w7.weight.shape == (1, 3 * 64) and net.w8.weight.shape == (64, 64)
     assert net.w5.weight.shape == net.w6.weight.shape == (64, 64)
+
+
+def test_s2v_mean_aggregation_matches_dense_reference():
+    """``aggr="mean"``: both neighbourhood sums of Eq. 1 divided by |N(v)| (self loop included)."""
+    torch.manual_seed(3)
+    cfg = DQNConfig(p=16, T=3, aggr="mean")
+    net = QNetwork(cfg, in_features=5)
+    x = torch.randn(25, 5)
+    ei, w = random_graph(25, 50, 4)
+    n = x.size(0)
+    A = torch.zeros(n, n)
+    A.index_put_((ei[1], ei[0]), torch.ones(ei.size(1)), accumulate=True)
+    A = A + torch.eye(n)
+    D = A.sum(1, keepdim=True)
+    conv = net.conv
+    E = torch.zeros(n, 16).index_add_(0, ei[1], torch.relu(conv.w4(w.view(-1, 1)))) + torch.relu(conv.w4(torch.zeros(1, 1)))
+    s = torch.zeros(n, 16)
+    for _ in range(cfg.T):
+        s = torch.relu(conv.w1(x) + conv.w2((A @ s) / D) + conv.w3(E / D))
+    torch.testing.assert_close(net.embed(x, ei, w), s, rtol=1e-5, atol=1e-5)
+
+
+def test_head_features_read_the_node_itself():
+    torch.manual_seed(4)
+    net = QNetwork(DQNConfig(p=8, T=2, head_features=True), in_features=4)
+    assert net.w7.weight.shape == (1, 4 * 8) and net.w9.weight.shape == (8, 4)
+    ei, w = random_graph(9, 14, 5)
+    x = torch.randn(9, 4)
+    q = net(x, ei, w, torch.zeros(9, dtype=torch.long), torch.tensor([0]), 1)
+    s = net.embed(x, ei, w)
+    g = torch.cat([net.w5(s.mean(0, keepdim=True)), net.w6(s[:1])], dim=1)
+    ref = net.w7(torch.relu(torch.cat([g.expand(9, -1), net.w8(s), net.w9(x)], dim=1))).squeeze(1)
+    torch.testing.assert_close(q, ref, rtol=1e-5, atol=1e-6)

@@ -117,3 +117,26 @@ def test_action_graph_is_shared_between_limits(trace):
     b = SwapRecomputeEnv(trace, 0.7, action_graph=a.graph)
     assert b.graph is a.graph and b.memory_limit > a.memory_limit
     assert build_action_graph(trace, a.profile, a.sim.valid_actions()).n_nodes == a.graph.n_nodes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_recompute_chains(trace, seed):
+    """With ``recompute_chains=False`` no removed tensor's re-run needs another removed tensor."""
+    e = SwapRecomputeEnv(trace, 0.05, recompute_chains=False)
+    chained = SwapRecomputeEnv(trace, 0.05)
+    total, info = run_random_episode(e, seed)
+    removed = {a.tensor for a in e.actions if a.kind == 1}
+    assert removed, "the limit is tight enough for random episodes to remove tensors"
+    for x in removed:
+        producer_inputs = set(e.sim.op_inputs[int(trace.tensor_alloc_op[x])])
+        assert not (producer_inputs & removed), f"tensor {x} would need another re-run first"
+    res = simulate(trace, e.plan(), memory_limit=e.memory_limit, profile=e.profile)
+    assert total == pytest.approx(-res.overhead - info["penalty"], rel=1e-9, abs=1e-12)
+    # the rule only narrows the mask: every action valid without chains is valid with them
+    rng = np.random.default_rng(seed)
+    e.reset(), chained.reset()
+    while not e._done:
+        mask = e.action_masks()
+        assert not (mask[1:] & ~chained.action_masks()[1:]).any()
+        a = int(rng.choice(np.flatnonzero(mask)))
+        e.step(a), chained.step(a)
