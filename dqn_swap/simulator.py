@@ -579,12 +579,23 @@ class Simulator:
         return _Prepared(issues, special, next_use, need, ignored)
 
     # ------------------------------------------------------------------ run
-    def run(self, actions: Iterable[Action] = (), *, timeline: bool = False) -> SimResult:
-        """Simulate ``actions``; raises ``ValueError`` on an invalid action (see ``valid_actions``)."""
-        prep = self._prepare(actions)
-        return self._simulate(prep, timeline)
+    def run(self, actions: Iterable[Action] = (), *, timeline: bool = False,
+            overcommit: bool = False) -> SimResult:
+        """Simulate ``actions``; raises ``ValueError`` on an invalid action (see ``valid_actions``).
 
-    def _simulate(self, prep: _Prepared, want_timeline: bool) -> SimResult:  # noqa: C901 (one hot loop)
+        ``overcommit=True``: where the plan does not fit, record the first such
+        point (``infeasible``) and go on as if the device had just enough more
+        memory from then on (the limit is raised by the shortfall; a prefetch
+        that could never start is started when its tensor is needed), so that
+        ``makespan`` and ``overhead`` cover the whole iteration.  A plan that
+        fits runs exactly as without it.  The environment uses this to charge
+        every action its whole cost when it is taken (section 4.7).
+        """
+        prep = self._prepare(actions)
+        return self._simulate(prep, timeline, overcommit)
+
+    def _simulate(self, prep: _Prepared, want_timeline: bool,  # noqa: C901 (one hot loop)
+                  overcommit: bool = False) -> SimResult:
         INF = math.inf
         limit = self.memory_limit
         nbytes, tt_d2h, tt_h2d = self._nbytes, self._tt_d2h, self._tt_h2d
@@ -700,11 +711,51 @@ class Simulator:
                             tl_t.append(tp), tl_b.append(mem)
                     eval_head(k0, tp)
 
+        first_stuck: list[_Stuck] = []
+
+        def stuck_at(stuck: _Stuck, over: int) -> None:
+            """Overcommit mode: remember the first point where the plan does not fit, and from
+            then on simulate as if the device had ``over`` more bytes (never less than used)."""
+            nonlocal limit
+            if not first_stuck:
+                first_stuck.append(stuck)
+            if over > 0:
+                limit += over
+
+        def force_head(k: int, now: float) -> None:
+            """Overcommit mode: start the head of the prefetch queue now, whatever the memory
+            (the caller then raises the limit to what is allocated)."""
+            nonlocal mem, peak, peak_op, h2d_free, d2h_free, bytes_h2d, version
+            n, y_t = heapq.heappop(heap)
+            y = nbytes[y_t]
+            st = max(now, h2d_free, d2h_end[y_t])
+            if not duplex and d2h_free > st:
+                st = d2h_free
+            mem += y
+            if mem > peak:
+                peak, peak_op = mem, k
+            e = st + tt_h2d[y_t]
+            h2d_end[y_t] = e
+            h2d_free = e
+            if not duplex:
+                d2h_free = e
+            bytes_h2d += y
+            if n > k:
+                need_arr[k:n] += y
+                version += 1
+            if tl_t is not None:
+                tl_t.append(st), tl_b.append(mem)
+            eval_head(k, now)
+
         def wait_memory(amount: int, k: int, t: float, what: str) -> float:
             """Wait for swap-outs until ``amount`` more bytes fit; returns the time reached."""
             while mem + amount > limit:
                 if not d2h_q:
-                    raise _Stuck(k, amount, limit - mem, what, t)
+                    stuck = _Stuck(k, amount, limit - mem, what, t)
+                    if not overcommit:
+                        raise stuck
+                    stuck_at(stuck, mem + amount - limit)
+                    return t
                 td = d2h_q[0][0]
                 advance(td, k, True)
                 if td > t:
@@ -716,7 +767,12 @@ class Simulator:
             while y_t not in h2d_end:
                 if nxt == INF:
                     h = heap[0][1]
-                    raise _Stuck(k, nbytes[h], limit - mem, f"prefetching tensor {h}", t)
+                    stuck = _Stuck(k, nbytes[h], limit - mem, f"prefetching tensor {h}", t)
+                    if not overcommit:
+                        raise stuck
+                    force_head(k, t)  # fetch it now, whatever the admission rule says
+                    stuck_at(stuck, mem - limit)
+                    continue
                 tn = nxt
                 advance(tn, k, True)
                 if tn > t:
@@ -733,7 +789,10 @@ class Simulator:
         t = 0.0
         try:
             if mem > limit:
-                raise _Stuck(0, mem, limit, "the preexisting tensors (parameters, inputs)", 0.0)
+                stuck = _Stuck(0, mem, limit, "the preexisting tensors (parameters, inputs)", 0.0)
+                if not overcommit:
+                    raise stuck
+                stuck_at(stuck, mem - limit)
             for k in range(n_ops):
                 if k >= pf_gate:
                     eval_head(k, t)
@@ -821,13 +880,19 @@ class Simulator:
                                 Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
                                 tl_t, tl_b)
         makespan = self.compute_time + (t - self._oend[-1]) if n_ops else 0.0
+        if first_stuck:  # overcommit mode: the whole iteration, but it did not fit
+            stuck = first_stuck[0]
+            return self._result(False, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
+                                bytes_d2h, bytes_h2d, peak, peak_op, prep,
+                                Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
+                                tl_t, tl_b, whole=True)
         return self._result(True, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                             bytes_d2h, bytes_h2d, peak, peak_op, prep, None, tl_t, tl_b)
 
     def _result(self, feasible: bool, makespan: float, st_swap: float, st_pf: float, st_rec: float,
                 ph_stall: list[float], recompute_ops: list[int], bytes_d2h: int, bytes_h2d: int,
                 peak: int, peak_op: int, prep: _Prepared, infeasible: Infeasibility | None,
-                tl_t: list[float] | None, tl_b: list[int]) -> SimResult:
+                tl_t: list[float] | None, tl_b: list[int], whole: bool = False) -> SimResult:
         T = self.compute_time
         lb = self.lower_bound
         timeline = None
@@ -839,6 +904,9 @@ class Simulator:
         if feasible:
             overhead = (makespan - T) / T if T > 0 else 0.0
             ratio = makespan / lb if lb > 0 else (1.0 if makespan == 0 else math.inf)
+        elif whole:  # overcommitted: the overhead of the whole iteration
+            overhead = (makespan - T) / T if T > 0 else 0.0
+            ratio = math.inf
         else:  # stuck: the overhead accrued so far (finite, >= 0: environments difference it)
             overhead = (st_swap + st_pf + st_rec) / T if T > 0 else 0.0
             ratio = math.inf
@@ -854,7 +922,8 @@ class Simulator:
 
 
 def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limit: int | None = None,
-             profile: DeviceProfile | None = None, *, timeline: bool = False) -> SimResult:
+             profile: DeviceProfile | None = None, *, timeline: bool = False,
+             overcommit: bool = False) -> SimResult:
     """Simulate a :class:`~dqn_swap.plan.Plan` (limit and profile from the plan unless given) or actions.
 
     A plan must match the trace (fingerprint) and carry at most one action per
@@ -881,4 +950,4 @@ def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limi
         actions = plan_or_actions
     if memory_limit is None:
         raise ValueError("memory_limit is required when simulating bare actions")
-    return Simulator(trace, memory_limit, profile).run(actions, timeline=timeline)
+    return Simulator(trace, memory_limit, profile).run(actions, timeline=timeline, overcommit=overcommit)

@@ -153,12 +153,23 @@ class SwapRecomputeEnv(gym.Env):
     Section 4.7: minus the overhead the action adds, from the simulator:
     ``r_t = -(overhead(A_t) - overhead(A_{t-1}))`` with ``A_t`` the actions so
     far and ``overhead = (makespan - compute) / compute`` (0 for the empty
-    plan; for a plan that does not fit yet, the simulator's overhead accrued
-    before it got stuck, so intermediate rewards are the stalls the action
-    adds up to the next decision point).  The returns of an episode therefore add up to minus the simulated
-    overhead of the plan it produced, minus penalties: ``infeasible_penalty``
-    when the episode ends with the limit still exceeded, ``invalid_penalty``
-    per invalid action (``info["penalty"]`` is their running sum).
+    plan).  A plan that does not fit yet is measured according to ``reward``:
+
+    * ``"whole"`` (default, ours): over the whole iteration, the simulator
+      running past the excesses as if the device had just enough memory there
+      (:meth:`~dqn_swap.simulator.Simulator.run` with ``overcommit=True``).
+      Each action is charged its whole cost when it is taken -- a removal its
+      re-run in backward, an offload its pauses and its late prefetch -- as
+      in the examples of section 4.7.
+    * ``"accrued"``: the stalls accrued before the first excess only (the
+      simulator stops there), so an action's backward costs are charged only
+      when the plan fits, often many steps later.
+
+    Either way the returns of an episode add up to minus the simulated
+    overhead of the plan it produced (measured as above when it never fits),
+    minus penalties: ``infeasible_penalty`` when the episode ends with the
+    limit still exceeded, ``invalid_penalty`` per invalid action
+    (``info["penalty"]`` is their running sum).
 
     ## Starting State
 
@@ -184,7 +195,8 @@ class SwapRecomputeEnv(gym.Env):
     ``infeasible_penalty`` (1.0), ``invalid_penalty`` (0.1),
     ``max_episode_steps``, ``simulator`` (reuse a Simulator for this trace
     and limit), ``action_graph`` (reuse the static graph of this trace),
-    ``recompute_chains`` (True: any valid recompute; False: no chains, above).
+    ``recompute_chains`` (True: any valid recompute; False: no chains, above),
+    ``reward`` (``"whole"`` or ``"accrued"``, above).
 
     ``gymnasium.make("dqn_swap/SwapRecompute-v0", trace=..., memory_limit=...)``
     works after ``import env``.
@@ -200,7 +212,7 @@ class SwapRecomputeEnv(gym.Env):
                  *, graph: str = "candidates", infeasible_penalty: float = 1.0, invalid_penalty: float = 0.1,
                  max_episode_steps: int | None = None, simulator: Any = None,
                  action_graph: ActionGraph | None = None, recompute_chains: bool = True,
-                 render_mode: str | None = None) -> None:
+                 reward: str = "whole", render_mode: str | None = None) -> None:
         from dqn_swap.simulator import Simulator
 
         if not isinstance(trace, Trace):
@@ -227,6 +239,9 @@ class SwapRecomputeEnv(gym.Env):
         self._edge_links = np.ascontiguousarray(g.edge_index.T)
         self._op_start = trace.op_start
         self._empty = None  # simulated result of the empty plan, computed once
+        if reward not in ("whole", "accrued"):
+            raise ValueError(f"reward must be 'whole' or 'accrued', not {reward!r}")
+        self.reward_mode = reward
         self.recompute_chains = bool(recompute_chains)
         self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
         self._reset_state()
@@ -248,7 +263,7 @@ class SwapRecomputeEnv(gym.Env):
         if not self.actions and self._empty is not None:
             res = self._empty
         else:
-            res = self.sim.run(list(self.actions))
+            res = self.sim.run(list(self.actions), overcommit=self.reward_mode == "whole")
             if not self.actions:
                 self._empty = res
         self.result = res
@@ -378,7 +393,10 @@ class SwapRecomputeEnv(gym.Env):
 
     def plan(self, planner: str = "dqn", settings: dict[str, Any] | None = None) -> Plan:
         """The plan of the actions taken so far, with the simulator's figures."""
-        figures = self.result.figures() if self.result is not None and hasattr(self.result, "figures") else {}
+        result = self.result
+        if result is not None and not result.feasible and self.reward_mode == "whole":
+            result = self.sim.run(list(self.actions))  # the plan file carries the standard figures
+        figures = result.figures() if result is not None else {}
         return Plan(actions=Plan.sorted_actions(self.actions), memory_limit=int(self.memory_limit),
                     trace_fingerprint=self.trace.fingerprint, profile=self.profile.name, planner=planner,
                     settings=dict(settings or {}), figures=figures)

@@ -149,6 +149,24 @@ def test_infeasible_names_op_needed_available() -> None:
     assert not r.feasible and r.infeasible.op == 3 and r.infeasible.needed == 3 and r.infeasible.available == 0
 
 
+def test_overcommit_runs_the_whole_iteration() -> None:
+    """``overcommit=True``: the first excess is reported, then the device has just enough memory."""
+    trace, t = figure4_trace()
+    r = Simulator(trace, 4, profile()).run([], overcommit=True)
+    assert not r.feasible and (r.infeasible.op, r.infeasible.needed, r.infeasible.available) == (3, 3, 0)
+    assert r.makespan == 8.0 and r.overhead == 0.0 and r.peak_bytes == 7  # nothing waits: no plan
+    # X0 offloaded under 3 B: f1 is 1 B short (the limit becomes 4 B), then it runs exactly as the
+    # feasible 4 B case of Figure 4 (0.5 s pause in forward, prefetch on time).
+    x0 = Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)
+    r = Simulator(trace, 3, profile(bw=2.0)).run([x0], overcommit=True, timeline=True)
+    assert not r.feasible and (r.infeasible.op, r.infeasible.needed, r.infeasible.available) == (1, 1, 0)
+    assert r.makespan == 8.5 and r.overhead == 0.5 / 8 and r.stall["swap_out"] == 0.5
+    assert r.bytes_d2h == r.bytes_h2d == 3 and r.peak_bytes == 4
+    assert r.timeline[0][-1] == 8.5 and r.timeline[1][-1] == 0
+    hard = Simulator(trace, 3, profile(bw=2.0)).run([x0])
+    assert hard.infeasible == r.infeasible and hard.makespan == 1.0
+
+
 def test_preexisting_over_limit_is_infeasible() -> None:
     b = TraceBuilder()
     w = b.tensor(10, Role.PARAMETER, preexisting=True)
@@ -717,6 +735,22 @@ def test_random_plans_invariants_and_reference(seed: int, density: float) -> Non
     assert r.makespan == pytest.approx(makespan, rel=1e-9, abs=1e-9)
     assert (r.peak_bytes, r.bytes_d2h, r.bytes_h2d) == (peak, bd, bh)
     assert r.recompute_time == pytest.approx(rec, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.2, 0.5, 0.9]))
+def test_overcommit_is_the_same_run_until_the_first_excess(seed: int, density: float) -> None:
+    sim, actions = random_case(seed, density)
+    hard, soft = sim.run(actions), sim.run(actions, overcommit=True)
+    assert soft.feasible == hard.feasible and soft.infeasible == hard.infeasible
+    if hard.feasible:
+        assert soft.figures() == hard.figures()
+        return
+    total = sum(soft.stall.values())
+    assert soft.makespan >= hard.makespan and soft.overhead >= hard.overhead * (1 - 1e-12)
+    assert soft.makespan - soft.compute_time == pytest.approx(total, rel=1e-9, abs=1e-9)
+    assert soft.overhead == pytest.approx(total / soft.compute_time, rel=1e-9, abs=1e-12)
+    assert soft.bytes_h2d == soft.bytes_d2h  # every swapped tensor came back for its next use
 
 
 @settings(max_examples=100, deadline=None)

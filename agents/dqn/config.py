@@ -21,7 +21,9 @@ class DQNConfig:
     Environment: ``graph`` (``"candidates"`` or ``"events"``, see
     :mod:`env.candidates`), ``recompute_chains`` (False: a recompute action
     that would need another removed tensor re-run first is invalid, see
-    :class:`env.SwapRecomputeEnv`), penalties.
+    :class:`env.SwapRecomputeEnv`), ``reward`` (``"whole"``: every action is
+    charged its whole cost when taken; ``"accrued"``: only the stalls before
+    the first excess, see :class:`env.SwapRecomputeEnv`), penalties.
 
     Fitted Q-iteration (section 4.10, Algorithm 1) and named improvements:
     ``target_network`` (a frozen copy updated every ``target_update`` steps;
@@ -44,6 +46,7 @@ class DQNConfig:
     # environment
     graph: str = "candidates"
     recompute_chains: bool = True
+    reward: str = "whole"
     infeasible_penalty: float = 1.0
     invalid_penalty: float = 0.1
     # learning
@@ -78,11 +81,18 @@ class DQNConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DQNConfig":
+        """The configuration stored in a checkpoint; keys that older checkpoints lack take the
+        value those agents were trained with (:data:`BEFORE_KEYS`), not today's default."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown DQN configuration keys: {', '.join(sorted(unknown))}")
-        return cls(**d)
+        return cls(**{**BEFORE_KEYS, **d})
 
     def replace(self, **changes: Any) -> "DQNConfig":
         return dataclasses.replace(self, **changes)
+
+
+#: What agents saved before a setting existed were trained and run with.
+BEFORE_KEYS: dict[str, Any] = {"recompute_chains": True, "reward": "accrued", "aggr": "sum",
+                               "head_features": False}

@@ -60,7 +60,7 @@ def make_env(trace: Trace, memory_limit: float | int, profile: str | DeviceProfi
     return SwapRecomputeEnv(trace, memory_limit, profile, graph=config.graph,
                             infeasible_penalty=config.infeasible_penalty,
                             invalid_penalty=config.invalid_penalty,
-                            recompute_chains=config.recompute_chains, **kwargs)
+                            recompute_chains=config.recompute_chains, reward=config.reward, **kwargs)
 
 
 @torch.no_grad()

@@ -50,11 +50,13 @@ def run_random_episode(e: SwapRecomputeEnv, seed: int, p_invalid: float = 0.0):
 
 @pytest.mark.parametrize("limit", [0.3, 0.6, 0.9])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_returns_add_up_to_minus_simulated_overhead(trace, limit, seed):
-    e = SwapRecomputeEnv(trace, limit)
+@pytest.mark.parametrize("reward", ["whole", "accrued"])
+def test_returns_add_up_to_minus_simulated_overhead(trace, limit, seed, reward):
+    e = SwapRecomputeEnv(trace, limit, reward=reward)
     total, info = run_random_episode(e, seed, p_invalid=0.2)
     plan = e.plan()
-    res = simulate(trace, plan, memory_limit=e.memory_limit, profile=e.profile)
+    res = simulate(trace, plan, memory_limit=e.memory_limit, profile=e.profile,
+                   overcommit=reward == "whole")
     assert res.feasible == info["feasible"]
     assert total == pytest.approx(-res.overhead - info["penalty"], rel=1e-9, abs=1e-12)
     if res.feasible:
@@ -130,7 +132,7 @@ def test_no_recompute_chains(trace, seed):
     for x in removed:
         producer_inputs = set(e.sim.op_inputs[int(trace.tensor_alloc_op[x])])
         assert not (producer_inputs & removed), f"tensor {x} would need another re-run first"
-    res = simulate(trace, e.plan(), memory_limit=e.memory_limit, profile=e.profile)
+    res = simulate(trace, e.plan(), memory_limit=e.memory_limit, profile=e.profile, overcommit=True)
     assert total == pytest.approx(-res.overhead - info["penalty"], rel=1e-9, abs=1e-12)
     # the rule only narrows the mask: every action valid without chains is valid with them
     rng = np.random.default_rng(seed)
