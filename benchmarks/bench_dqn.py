@@ -54,7 +54,10 @@ def get_trace(name: str, batch: int):
 
 def write_json(obj: Any, path: str | None) -> None:
     if path:
+        from machine import machine
+
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        obj = {"machine": machine(), "command": " ".join(sys.argv), **obj}
         Path(path).write_text(json.dumps(obj, indent=1, default=float) + "\n")
 
 
@@ -237,15 +240,17 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
         trace = get_trace(name, int(batch))
         base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1))
         d = ROOT / "runs" / "transfer"
-        scratch = train(trace, list(LIMITS), d / f"{name}_scratch.pt", base, profile=PROFILE, log_dir=str(ROOT / "runs"),
+        limits = list(args.limits)
+        scratch = train(trace, limits, d / f"{name}_scratch.pt", base, profile=PROFILE, log_dir=str(ROOT / "runs"),
                         run_name=f"transfer_{name}_scratch", overwrite=True, threads=args.threads)
         ft_steps = int(args.steps * args.fraction)
-        ft = finetune(args.agent, trace, list(LIMITS), d / f"{name}_finetune.pt", total_timesteps=ft_steps,
+        ft = finetune(args.agent, trace, limits, d / f"{name}_finetune.pt", total_timesteps=ft_steps,
                       config_overrides={"eval_every": max(ft_steps // 6, 1)}, profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune", overwrite=True,
                       threads=args.threads)
         s_best, f_best = scratch.best["score"], ft.best["score"]
-        out[name] = {"scratch_steps": args.steps, "finetune_steps": ft_steps, "scratch_best": s_best,
+        out[name] = {"limits": limits, "scratch_steps": args.steps, "finetune_steps": ft_steps,
+                     "scratch_seconds": scratch.wall_time, "finetune_seconds": ft.wall_time, "scratch_best": s_best,
                      "finetune_best": f_best, "reached": f_best <= s_best * (1 + 1e-9) + 1e-12,
                      "scratch_curve": [(e["step"], e["score"]) for e in scratch.evaluations],
                      "finetune_curve": [(e["step"], e["score"]) for e in ft.evaluations]}
@@ -313,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("transfer"); p.add_argument("--agent", default=str(ROOT / "checkpoints" / "default.pt"))
     p.add_argument("--models", nargs="+", default=["resnet152:32", "resnet1001:64"])
     p.add_argument("--steps", type=int, default=10000); p.add_argument("--fraction", type=float, default=0.3)
+    p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))
     p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
     p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--seeds", type=int, default=2)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from agents.baselines import PLANNERS, get_planner
+from machine import machine
 from dqn_swap.cost import get_profile
 from dqn_swap.trace import Trace, format_bytes
 
@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"trace": source, "fingerprint": trace.fingerprint, "profile": args.profile,
               "record_s": record_s, "ops": trace.n_ops, "events": trace.n_events,
               "minimum_memory_bytes": trace.minimum_memory, "peak_bytes": trace.peak_bytes,
-              "compute_time_s": trace.compute_time, "python": platform.python_version(),
-              "machine": platform.machine(), "rows": rows}
+              "compute_time_s": trace.compute_time, "machine": machine(), "rows": rows}
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dqn_swap.plan import Action, ActionKind  # noqa: E402
 from dqn_swap.simulator import Simulator  # noqa: E402
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="time to spend measuring")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile-top", type=int, default=0, help="print a cProfile of the runs (top N) to stderr")
+    ap.add_argument("-o", "--output", type=Path, help="also write the JSON report here")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -156,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile_top)
         print(out.getvalue(), file=sys.stderr)
 
+    from machine import machine
+
     report = {
+        "machine": machine(),
         "trace": source,
         "ops": trace.n_ops, "events": trace.n_events, "tensors": trace.n_tensors,
         "saved_tensors": int((trace.tensor_role == Role.SAVED).sum()),
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "result": result.figures(),
     }
     print(json.dumps(report, indent=1))
+    if args.output:
+        args.output.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -18,5 +18,18 @@ def record_trace(*args, **kwargs):  # noqa: ANN002, ANN003
     return _record(*args, **kwargs)
 
 
+def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator import more)
+    if name == "PlannedExecution":
+        from .runtime import PlannedExecution
+
+        return PlannedExecution
+    if name in ("simulate", "Simulator"):
+        from . import simulator
+
+        return getattr(simulator, name)
+    raise AttributeError(f"module 'dqn_swap' has no attribute {name!r}")
+
+
 __all__ = ["PROFILES", "Action", "ActionKind", "DeviceProfile", "EventKind", "Phase", "Plan",
-           "PlanError", "Role", "Trace", "TraceBuilder", "TraceError", "get_profile", "record_trace"]
+           "PlanError", "PlannedExecution", "Role", "Simulator", "Trace", "TraceBuilder", "TraceError",
+           "get_profile", "record_trace", "simulate"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -130,6 +131,23 @@ def get_profile(name: str) -> DeviceProfile:
     except KeyError:
         raise ValueError(f"unknown device profile {name!r}; choose one of: {', '.join(PROFILES)}"
                          " (or 'measured' on a GPU)") from None
+
+
+def profile_of(trace: Any, profile: str | DeviceProfile | None = None) -> DeviceProfile:
+    """The profile to plan ``trace`` with: ``profile`` if given, else the one it was recorded with.
+
+    A trace recorded with a measured profile carries its figures
+    (``meta["profile_params"]``), so it can be planned on any machine later.
+    """
+    if isinstance(profile, DeviceProfile):
+        return profile
+    params = trace.meta.get("profile_params")
+    recorded = trace.meta.get("profile")
+    if profile is None or (profile == recorded and profile not in PROFILES):
+        if params:
+            return DeviceProfile.from_dict(params)
+        profile = recorded or DEFAULT_PROFILE
+    return get_profile(profile)
 
 
 def measure_transfer_bandwidth(nbytes: int = 256 * 1024**2, repeats: int = 5,

@@ -331,7 +331,8 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     assert recorder is not None
     b = recorder.b
     record_seconds = time.perf_counter() - t0
-    trace_meta = {"device": device.type, "profile": profile.name, "recorded_iterations": runs,
+    trace_meta = {"device": device.type, "profile": profile.name, "profile_params": profile.to_dict(),
+                  "recorded_iterations": runs,
                   "record_seconds": record_seconds, "torch": torch.__version__, **(meta or {})}
     trace = b.build(trace_meta)
     if time_ops:

@@ -151,7 +151,7 @@ from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from .cost import DeviceProfile, profile_of
 from .lower_bound import lower_bound
 from .plan import Action, ActionKind, Plan
 from .trace import EventKind, Phase, Role, Trace, format_bytes
@@ -285,8 +285,7 @@ class Simulator:
     """Simulates plans on one trace under one memory limit; construct once, :meth:`run` many times."""
 
     def __init__(self, trace: Trace, memory_limit: int, profile: DeviceProfile | None = None) -> None:
-        if profile is None:
-            profile = get_profile(trace.meta.get("profile") or DEFAULT_PROFILE)
+        profile = profile_of(trace, profile)
         self.trace = trace
         self.memory_limit = int(memory_limit)
         self.profile = profile
@@ -941,10 +940,7 @@ def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limi
         if memory_limit is None:
             memory_limit = plan.memory_limit
         if profile is None and plan.profile:
-            try:
-                profile = get_profile(plan.profile)
-            except ValueError:
-                profile = None  # e.g. "measured": fall back to the trace's profile
+            profile = profile_of(trace, plan.profile)
         actions: Iterable[Action] = plan.actions
     else:
         actions = plan_or_actions

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from dqn_swap.cost import DeviceProfile, get_profile
+from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.plan import Action, Plan
 from dqn_swap.trace import Trace
 
@@ -217,9 +217,7 @@ class SwapRecomputeEnv(gym.Env):
 
         if not isinstance(trace, Trace):
             raise TypeError(f"trace must be a dqn_swap Trace, not {type(trace).__name__}")
-        if profile is None:
-            profile = trace.meta.get("profile") or "v100-pcie3"
-        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        self.profile = profile_of(trace, profile)
         self.trace = trace
         self.memory_limit = resolve_limit(trace, memory_limit)
         self.sim = simulator if simulator is not None else Simulator(trace, self.memory_limit, self.profile)

@@ -825,3 +825,21 @@ def test_prefetch_order_is_next_use_and_head_blocks() -> None:
     r = Simulator(trace, 100, profile(bw=2.0)).run(acts, timeline=True)
     assert r.feasible and r.makespan == 8.0 and r.stall["prefetch"] == 2.0
     assert [mem_at(r, x) for x in (0.5, 1.5, 3.5, 4.5, 5.5, 7.5, 8.0)] == [4, 6, 2, 2, 6, 4, 0]
+
+
+def test_a_measured_profile_travels_with_the_trace(tmp_path) -> None:
+    """A trace recorded with a measured profile is planned with its figures on any machine."""
+    from agents import get_planner
+    from dqn_swap.cost import profile_of
+
+    trace, t = figure4_trace()
+    measured = dataclasses.replace(profile(bw=2.0), name="measured")
+    trace.meta.update(profile="measured", profile_params=measured.to_dict())
+    trace.save(tmp_path / "m.trace")
+    loaded = Trace.load(tmp_path / "m.trace")
+    assert profile_of(loaded) == measured and profile_of(loaded, "measured") == measured
+    assert profile_of(loaded, "v100-pcie3") == get_profile("v100-pcie3")
+    x0 = Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)
+    assert Simulator(loaded, 4).run([x0]).makespan == 8.5  # 1.5 s copies: the measured 2 B/s
+    plan = get_planner("greedy").plan(loaded, 4)
+    assert plan.profile == "measured" and simulate(loaded, plan).feasible == plan.figures["feasible"]

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dqn_swap.cost import DeviceProfile
+from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.plan import Action, ActionKind, Plan
 from dqn_swap.simulator import SimResult, Simulator
 from dqn_swap.trace import EventKind, Phase, Role, Trace
@@ -37,7 +37,7 @@ class Planner(Protocol):
 
     name: str
 
-    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile) -> Plan:
+    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
         """Choose actions for ``trace`` under ``memory_limit``; ``Plan.figures`` are simulated."""
         ...
 
@@ -299,7 +299,9 @@ class BasePlanner:
         """The actions of the plan and what the search found (recorded in ``Plan.settings``)."""
         raise NotImplementedError
 
-    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile) -> Plan:
+    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
+        """Plan ``trace`` under ``memory_limit`` bytes; ``profile`` defaults to the trace's own."""
+        profile = profile_of(trace, profile)
         evaluator = Evaluator(trace, memory_limit, profile)
         actions, found = self.choose(TraceFacts(trace), evaluator)
         result = evaluator.run(actions)

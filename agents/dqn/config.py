@@ -40,12 +40,12 @@ class DQNConfig:
     T: int = 4
     readout: str = "mean"
     head: str = "eq3"
-    head_features: bool = False
-    aggr: str = "sum"
+    head_features: bool = True
+    aggr: str = "mean"
     bias: bool = True
     # environment
     graph: str = "candidates"
-    recompute_chains: bool = True
+    recompute_chains: bool = False
     reward: str = "whole"
     infeasible_penalty: float = 1.0
     invalid_penalty: float = 0.1

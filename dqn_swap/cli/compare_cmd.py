@@ -58,7 +58,7 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
     """Plan and simulate every (trace, limit, planner) cell; one row per cell."""
     from agents import get_planner
 
-    from ..cost import get_profile
+    from ..cost import profile_of
     from ..trace import resolve_memory_limit
 
     cells = [(name, lim, pl) for name in traces for lim in limits for pl in planners]
@@ -72,7 +72,7 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
     for name, lim, pl in cells:
         trace = traces[name]
         limit = resolve_memory_limit(trace, lim)
-        profile = get_profile(trace.meta.get("profile") or "v100-pcie3")
+        profile = profile_of(trace)
         t0 = time.perf_counter()
         plan = planner_objs[pl].plan(trace, limit, profile)
         elapsed = time.perf_counter() - t0

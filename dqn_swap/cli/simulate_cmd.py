@@ -54,13 +54,13 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from agents import get_planner
 
-    from ..cost import get_profile
+    from ..cost import profile_of
     from ..trace import resolve_memory_limit
 
     if limit_text is None:
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
     limit = resolve_memory_limit(trace, limit_text)
-    profile = get_profile(profile_name or trace.meta.get("profile") or "v100-pcie3")
+    profile = profile_of(trace, profile_name)
     planner = get_planner(planner_name, agent=agent)
     t0 = time.perf_counter()
     plan = planner.plan(trace, limit, profile)
@@ -75,7 +75,7 @@ def report(figures: dict, as_json: bool) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from ..cost import get_profile
+    from ..cost import profile_of
     from ..plan import Plan
     from ..simulator import simulate
     from ..trace import resolve_memory_limit
@@ -84,7 +84,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plan:
         plan = Plan.load(args.plan, trace)
         limit = resolve_memory_limit(trace, args.memory_limit) if args.memory_limit else plan.memory_limit
-        profile = get_profile(args.profile or plan.profile)
+        profile = profile_of(trace, args.profile or plan.profile)
         planning_s = None
     else:
         plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile)
