@@ -114,9 +114,14 @@ class DQNPlanner:
         return {"agent": str(self.agent_path), "graph": self.config.graph,
                 "recompute_chains": self.config.recompute_chains, **extra}
 
+    #: Greedy decoding reads only observations, and those do not depend on how an
+    #: unfinished plan is charged: the simulator may stop at the first excess (faster).
+    decode_reward: str | None = "accrued"
+
     def _env(self, trace: Trace, memory_limit: int, profile: Any) -> SwapRecomputeEnv:
         if isinstance(profile, str) or profile is None or isinstance(profile, DeviceProfile):
-            return make_env(trace, int(memory_limit), profile, self.config)
+            config = self.config.replace(reward=self.decode_reward) if self.decode_reward else self.config
+            return make_env(trace, int(memory_limit), profile, config)
         raise TypeError(f"profile must be a name or a DeviceProfile, not {type(profile).__name__}")
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
@@ -132,6 +137,7 @@ class DQNSearchPlanner(DQNPlanner):
     """Greedy decoding plus a top-``k`` one-step lookahead in the simulator (a separate planner)."""
 
     name = "dqn-search"
+    decode_reward = None  # the lookahead adds rewards to Q-values: charge them as in training
 
     def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, k: int = 4,
                  threads: int | None = None, recompute_chains: bool | None = None) -> None:

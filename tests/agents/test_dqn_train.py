@@ -91,3 +91,17 @@ def test_finetune_starts_from_checkpoint(tiny_resnet_trace, trained, tmp_path):
     assert obj["training"]["init_from"] == str(path) and cfg.start_e == 0.2
     assert obj["trace_fingerprints"] == [bigger.fingerprint]
     assert any(p.name.startswith("ft") for p in (tmp_path / "runs").iterdir())
+
+
+def test_greedy_plan_does_not_depend_on_how_rewards_are_charged(tiny_resnet_trace, trained):
+    """Observations are the same under both reward modes, so greedy decoding gives the same plan."""
+    from agents.dqn.planner import DQNPlanner, GraphBatcher, greedy_episode, make_env
+
+    planner = DQNPlanner(trained[0])
+    for limit in (0.3, 0.6):
+        plans = []
+        for reward in ("whole", "accrued"):
+            env = make_env(tiny_resnet_trace, limit, None, planner.config.replace(reward=reward))
+            greedy_episode(planner.net, GraphBatcher(), env)
+            plans.append(env.plan().actions)
+        assert plans[0] == plans[1]
