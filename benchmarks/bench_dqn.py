@@ -269,8 +269,13 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
 
     variants = {
         "all (default)": {},
-        "paper (no target, 1-step, no double, no mask)": dict(target_network=False, n_step=1, double_q=False,
-                                                               mask_target=False),
+        "paper (Eq. 1-5 as written)": dict(reward="accrued", aggr="sum", head_features=False,
+                                           recompute_chains=True, target_network=False, n_step=1,
+                                           double_q=False, mask_target=False, readout="sum"),
+        "reward accrued (charged when simulated)": dict(reward="accrued"),
+        "- head features": dict(head_features=False),
+        "aggregation sum (Eq. 1)": dict(aggr="sum"),
+        "+ recompute chains": dict(recompute_chains=True),
         "- target network": dict(target_network=False),
         "- n-step (n=1)": dict(n_step=1),
         "- double Q": dict(double_q=False),
@@ -279,6 +284,8 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
         "readout sum (Eq. 2)": dict(readout="sum"),
         "events graph (sec. 4.2)": dict(graph="events"),
     }
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k in args.only or k == "all (default)"}
     traces = [get_trace(*s.split(":")[:1], int(s.split(":")[1])) for s in args.models]
     rows = {}
     for name, change in variants.items():
@@ -286,7 +293,8 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
         for seed in range(args.seeds):
             cfg = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 5, 1), seed=seed, **change)
             t0 = time.perf_counter()
-            res = train(traces, list(LIMITS), ROOT / "runs" / "ablation" / f"{len(rows)}_{seed}.pt", cfg,
+            tag = "+".join(m.replace(":", "_b") for m in args.models)
+            res = train(traces, list(LIMITS), ROOT / "runs" / "ablation" / tag / f"{len(rows)}_{seed}.pt", cfg,
                         profile=PROFILE, log_dir=None, overwrite=True, threads=args.threads)
             scores.append((res.best["score"], res.evaluations[-1]["score"], time.perf_counter() - t0))
         s = np.array(scores)
@@ -321,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))
     p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
     p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
+    p.add_argument("--only", nargs="*", help="variant names to run (beside the default)")
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--seeds", type=int, default=2)
     for p in sub.choices.values():
         p.add_argument("--json", help="write the results here")

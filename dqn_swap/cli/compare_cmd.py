@@ -136,7 +136,13 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
                     xs = [r["limit_bytes"] / 2**30 for r in pts]
                     ys = [r["makespan_over_lower_bound"] for r in pts]
                 order = sorted(range(len(xs)), key=xs.__getitem__)
-                ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", label=pl)
+                learned = pl.startswith("dqn")  # the learned planners stand out
+                ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", label=pl,
+                        linewidth=2.6 if learned else 1.2, zorder=3 if learned else 2)
+            ys_all = [(100 * r["overhead"] if kind == "overhead" else r["makespan_over_lower_bound"])
+                      for r in rows if r["trace"] == trace and r["feasible"]]
+            if ys_all and max(ys_all) > 20 * max(min(ys_all), 1.0):  # one outlier would flatten the rest
+                ax.set_yscale("symlog", linthresh=1.0 if kind == "overhead" else 2.0)
             ax.set_title(str(next(r["model"] for r in rows if r["trace"] == trace) or trace))
             if kind == "overhead":
                 ax.set_xlabel("memory reduction (1 - peak / unplanned peak)")
