@@ -6,7 +6,7 @@ The core library (this package) never imports the reinforcement-learning side.
 
 from .cost import PROFILES, DeviceProfile, get_profile
 from .plan import Action, ActionKind, Plan, PlanError
-from .trace import EventKind, Phase, Role, Trace, TraceBuilder, TraceError
+from .trace import EventKind, Phase, Role, Trace, TraceBuilder, TraceError, resolve_memory_limit
 
 __version__ = "0.1.0"
 
@@ -32,4 +32,4 @@ def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator imp
 
 __all__ = ["PROFILES", "Action", "ActionKind", "DeviceProfile", "EventKind", "Phase", "Plan",
            "PlanError", "PlannedExecution", "Role", "Simulator", "Trace", "TraceBuilder", "TraceError",
-           "get_profile", "record_trace", "simulate"]
+           "get_profile", "record_trace", "resolve_memory_limit", "simulate"]

@@ -121,13 +121,16 @@ the trace's peak, ``makespan == compute_time`` exactly.
 
 **Validity** (static, per event, :meth:`Simulator.valid_actions`).  An action
 ``(event e, tensor X)`` is valid only if ``e`` is a ``read`` or ``write`` of
-``X``; ``X`` is a saved activation or a temporary (never a parameter,
-gradient, optimizer state or input); ``X`` is read or written by a later op.
+``X``; ``X`` is a saved activation, a tensor autograd saves for backward
+(never a temporary, parameter, gradient, optimizer state or input: the
+runtime moves tensors through autograd's saved-tensor hooks); ``X`` is read
+or written by a later op.
 Recompute additionally needs: ``X`` produced by a forward op ``p`` and never
 written in place afterwards; ``p`` writes nothing in place but its own
 outputs (re-running it must have no side effect); and every input of ``p``
 either stays alive and unmodified from ``p`` to ``X``'s next use, or is itself
-recomputable by the same rule (recursively).  :meth:`Simulator.run` raises
+recomputable by the same rule (recursively; a temporary may be re-created this
+way).  :meth:`Simulator.run` raises
 ``ValueError`` on an invalid action.  **At most one action per tensor**:
 ``run`` keeps the first action of a tensor in event order (a swap before a
 recompute at the same event) and reports the others in
@@ -158,7 +161,11 @@ from .trace import EventKind, Phase, Role, Trace, format_bytes
 
 STALL_CAUSES = ("swap_out", "prefetch", "recompute")
 PHASES = tuple(p.name.lower() for p in Phase)
-_ACTIONABLE_ROLES = (Role.SAVED, Role.TEMPORARY)
+# Only what autograd saves for backward moves: the runtime acts through the saved-tensor hooks,
+# so a plan that named a temporary could not be followed.  Temporaries can still be re-created
+# on the way to a recomputed tensor (the runtime replays the ops that made them).
+_ACTIONABLE_ROLES = (Role.SAVED,)
+_RECOMPUTABLE_INPUT_ROLES = (Role.SAVED, Role.TEMPORARY)
 
 
 @dataclass(frozen=True)
@@ -318,7 +325,8 @@ class Simulator:
 
         role_ok = np.isin(trace.tensor_role, _ACTIONABLE_ROLES)
         can_swap = is_use & role_ok[ete] & (self.event_next_use >= 0)
-        self._rec_limit = self._recompute_limits(kind, eop, ete, alloc, free, role_ok)
+        self._rec_limit = self._recompute_limits(kind, eop, ete, alloc, free,
+                                                 np.isin(trace.tensor_role, _RECOMPUTABLE_INPUT_ROLES))
         can_rec = can_swap & (self.event_next_use <= self._rec_limit[ete])
         self._valid = ValidActions(can_swap, can_rec)
 
@@ -448,7 +456,7 @@ class Simulator:
             return f"{where}: event {e} is a {ek.name.lower()}, not a read or write"
         role = Role(trace.tensor_role[t])
         if role not in _ACTIONABLE_ROLES:
-            return f"{where}: it is a {role.name.lower()} (only saved activations and temporaries move)"
+            return f"{where}: it is a {role.name.lower()} (only activations saved for backward move)"
         if self._ev_next[e] < 0:
             return f"{where}: it is not used again"
         p = self._alloc[t]
