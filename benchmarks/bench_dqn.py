@@ -156,7 +156,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
             dqn, search = DQNPlanner(agent), (DQNSearchPlanner(agent) if args.search else None)
             limit = resolve_limit(trace, frac)
             cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": str(dqn.agent_path)}
-            key = f"{model}@{frac}@{trace.fingerprint}"
+            key = f"{model}@{frac}@{limit}@{trace.fingerprint}"
             if key in cache:
                 cell.update(cache[key])
             for name in names:

@@ -209,20 +209,30 @@ class Trace:
         np.add.at(ws, pairs[0], self.tensor_nbytes[pairs[1]])
         return ws
 
-    @property
+    @cached_property
     def minimum_memory(self) -> int:
-        """A lower bound on the memory any plan needs.
+        """A lower bound on the memory any plan needs: the 0% of percentage limits.
 
-        The largest single-op working set on top of the persistent state (the
-        working set's own persistent tensors counted once).
+        A plan can keep a saved activation away from the device only between two
+        of its uses (offloaded or removed after one, back for the next).  So
+        during op ``j`` at least ``op_memory[j]`` minus the saved activations
+        that are between two uses at ``j`` (neither used by ``j``) stays
+        allocated, whatever the plan; the bound is the largest such amount.  It
+        includes every op's whole working set and the persistent state
+        (parameters, gradients, optimizer state, inputs, temporaries).
         """
-        keep = np.isin(self.tensor_role, [Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT])
+        if self.n_ops == 0:
+            return self.initial_bytes
         ev = self.event_kind != EventKind.FREE
-        pairs = np.unique(np.stack([self.event_op[ev], self.event_tensor[ev]]), axis=1)
-        transient = np.zeros(self.n_ops, dtype=np.int64)
-        sel = ~keep[pairs[1]]
-        np.add.at(transient, pairs[0][sel], self.tensor_nbytes[pairs[1][sel]])
-        return self.persistent_bytes + int(transient.max(initial=0))
+        saved = self.tensor_role[self.event_tensor] == Role.SAVED
+        pairs = np.unique(np.stack([self.event_tensor[ev & saved], self.event_op[ev & saved]]), axis=1)
+        t, op = pairs  # (tensor, op) of every use of a saved activation, by tensor then op
+        nxt = np.flatnonzero((t[1:] == t[:-1]) & (op[1:] > op[:-1] + 1))  # gaps with ops between uses
+        away = np.zeros(self.n_ops + 1, dtype=np.int64)
+        size = self.tensor_nbytes[t[nxt]]
+        np.add.at(away, op[nxt] + 1, size)
+        np.add.at(away, op[nxt + 1], -size)
+        return int((self.op_memory - np.cumsum(away)[:-1]).max())
 
     @cached_property
     def saved_bytes(self) -> int:
@@ -500,6 +510,6 @@ def resolve_memory_limit(trace: Trace, text: str | int) -> int:
     limit = text if isinstance(text, int) else parse_bytes(text)
     if limit < low:
         raise ValueError(f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this "
-                         f"trace, {format_bytes(low)} ({low} bytes: the largest single-op working set "
-                         "plus parameters, optimizer state and inputs)")
+                         f"trace, {format_bytes(low)} ({low} bytes: what stays on the device at its "
+                         "busiest op even with every saved activation moved away between its uses)")
     return limit

@@ -13,8 +13,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "inspect", help="summarise a trace and plot its memory over time",
         description="Print a trace's figures: events, ops, peak memory and the op where it occurs, "
                     "total compute time, bytes of activations saved for backward, and the minimum "
-                    "memory any plan needs (the largest single-op working set plus parameters, "
-                    "optimizer state and inputs). Also writes a PNG of memory over time, "
+                    "memory any plan needs (what stays on the device at the busiest op with every "
+                    "saved activation moved away between its uses). Also writes a PNG of memory over time, "
                     "coloured by phase.",
         epilog="Example: dqn-swap inspect r50.trace --plot r50-memory.png")
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")

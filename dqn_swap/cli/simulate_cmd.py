@@ -9,8 +9,8 @@ from ..cost import PROFILES
 from .common import human, load_trace, print_json, print_table
 
 LIMIT_HELP = ("GPU memory limit: bytes with a unit (8GiB, 6.5GB, 512MiB) or a percentage, where 0%% is the "
-              "least memory any plan needs (largest single-op working set plus parameters, optimizer "
-              "state and inputs) and 100%% the unplanned peak")
+              "least memory any plan needs (what stays at the busiest op with every saved activation "
+              "moved away between its uses) and 100%% the unplanned peak")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
