@@ -157,14 +157,13 @@ import numpy as np
 from .cost import DeviceProfile, profile_of
 from .lower_bound import lower_bound
 from .plan import Action, ActionKind, Plan
-from .trace import EventKind, Phase, Role, Trace, format_bytes
+from .trace import MOVABLE_ROLES, EventKind, Phase, Role, Trace, format_bytes
 
 STALL_CAUSES = ("swap_out", "prefetch", "recompute")
 PHASES = tuple(p.name.lower() for p in Phase)
-# Only what autograd saves for backward moves: the runtime acts through the saved-tensor hooks,
-# so a plan that named a temporary could not be followed.  Temporaries can still be re-created
-# on the way to a recomputed tensor (the runtime replays the ops that made them).
-_ACTIONABLE_ROLES = (Role.SAVED,)
+# Only MOVABLE_ROLES (saved activations) are acted on; temporaries can still be re-created on
+# the way to a recomputed tensor (the runtime replays the ops that made them).
+_ACTIONABLE_ROLES = MOVABLE_ROLES
 _RECOMPUTABLE_INPUT_ROLES = (Role.SAVED, Role.TEMPORARY)
 
 

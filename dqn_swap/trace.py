@@ -71,6 +71,11 @@ class Role(enum.IntEnum):
     TEMPORARY = 5
 
 
+#: Roles a plan may move (swap or remove): what autograd saves for backward.  The runtime
+#: acts through the saved-tensor hooks, so a plan naming anything else could not be followed.
+MOVABLE_ROLES = (Role.SAVED,)
+
+
 class TraceError(ValueError):
     """A trace file that cannot be used; the message is one line naming the file."""
 
@@ -224,7 +229,7 @@ class Trace:
         if self.n_ops == 0:
             return self.initial_bytes
         ev = self.event_kind != EventKind.FREE
-        saved = self.tensor_role[self.event_tensor] == Role.SAVED
+        saved = np.isin(self.tensor_role, MOVABLE_ROLES)[self.event_tensor]
         pairs = np.unique(np.stack([self.event_tensor[ev & saved], self.event_op[ev & saved]]), axis=1)
         t, op = pairs  # (tensor, op) of every use of a saved activation, by tensor then op
         nxt = np.flatnonzero((t[1:] == t[:-1]) & (op[1:] > op[:-1] + 1))  # gaps with ops between uses
