@@ -678,9 +678,29 @@ class Simulator:
             else:
                 pf_time, pf_gate, nxt = INF, BIG, td
 
+        def start_head(k0: int, st: float) -> None:
+            """Start the H2D copy of the head of the prefetch queue at ``st`` (it is allocated now)."""
+            nonlocal mem, peak, peak_op, h2d_free, d2h_free, bytes_h2d, version
+            n, y_t = heapq.heappop(heap)
+            y = nbytes[y_t]
+            mem += y
+            if mem > peak:
+                peak, peak_op = mem, k0
+            e = st + tt_h2d[y_t]
+            h2d_end[y_t] = e
+            h2d_free = e
+            if not duplex:
+                d2h_free = e
+            bytes_h2d += y
+            if n > k0:
+                need_arr[k0:n] += y  # early: counts against every op before its use
+                version += 1
+            if tl_t is not None:
+                tl_t.append(st), tl_b.append(mem)
+
         def advance(T: float, k0: int, incl: bool) -> None:
             """Process copy events before ``T`` (or at ``T`` if ``incl``); ``k0``: running or next op."""
-            nonlocal mem, pending, h2d_free, d2h_free, version, peak, peak_op, bytes_h2d
+            nonlocal mem, pending
             while True:
                 td = d2h_q[0][0] if d2h_q else INF
                 if td <= pf_time:  # a release first at equal times: it can only help
@@ -697,24 +717,8 @@ class Simulator:
                     tp = pf_time
                     if tp > T or (tp == T and not incl):
                         return
-                    n, y_t = heap[0]
-                    y = nbytes[y_t]
-                    if mem + y <= limit:
-                        heapq.heappop(heap)
-                        mem += y
-                        if mem > peak:
-                            peak, peak_op = mem, k0
-                        e = tp + tt_h2d[y_t]
-                        h2d_end[y_t] = e
-                        h2d_free = e
-                        if not duplex:
-                            d2h_free = e
-                        bytes_h2d += y
-                        if n > k0:
-                            need_arr[k0:n] += y  # early: counts against every op before its use
-                            version += 1
-                        if tl_t is not None:
-                            tl_t.append(tp), tl_b.append(mem)
+                    if mem + nbytes[heap[0][1]] <= limit:
+                        start_head(k0, tp)
                     eval_head(k0, tp)
 
         first_stuck: list[_Stuck] = []
@@ -731,26 +735,10 @@ class Simulator:
         def force_head(k: int, now: float) -> None:
             """Overcommit mode: start the head of the prefetch queue now, whatever the memory
             (the caller then raises the limit to what is allocated)."""
-            nonlocal mem, peak, peak_op, h2d_free, d2h_free, bytes_h2d, version
-            n, y_t = heapq.heappop(heap)
-            y = nbytes[y_t]
-            st = max(now, h2d_free, d2h_end[y_t])
+            st = max(now, h2d_free, d2h_end[heap[0][1]])
             if not duplex and d2h_free > st:
                 st = d2h_free
-            mem += y
-            if mem > peak:
-                peak, peak_op = mem, k
-            e = st + tt_h2d[y_t]
-            h2d_end[y_t] = e
-            h2d_free = e
-            if not duplex:
-                d2h_free = e
-            bytes_h2d += y
-            if n > k:
-                need_arr[k:n] += y
-                version += 1
-            if tl_t is not None:
-                tl_t.append(st), tl_b.append(mem)
+            start_head(k, st)
             eval_head(k, now)
 
         def wait_memory(amount: int, k: int, t: float, what: str) -> float:
