@@ -35,7 +35,7 @@ def dense_s2v(conv: S2VConv, x, ei, w, T: int):
 
 def test_s2v_matches_dense_reference():
     torch.manual_seed(0)
-    cfg = DQNConfig(p=16, T=4)
+    cfg = DQNConfig(p=16, T=4, aggr="sum")  # Eq. 1 as written
     net = QNetwork(cfg, in_features=5)
     x = torch.randn(30, 5)
     ei, w = random_graph(30, 60, 1)
@@ -46,7 +46,7 @@ def test_s2v_matches_dense_reference():
 
 def test_s2v_without_bias_is_paper_eq1():
     torch.manual_seed(1)
-    cfg = DQNConfig(p=8, T=3, bias=False)
+    cfg = DQNConfig(p=8, T=3, bias=False, aggr="sum")
     net = QNetwork(cfg, in_features=6)
     assert net.conv.w1.weight.shape == (8, 6) and net.conv.w4.weight.shape == (8, 1)
     x = torch.randn(12, 6)
@@ -73,9 +73,16 @@ def test_q_of_a_batch_equals_q_of_each_graph():
 
 
 def test_eq3_head_shapes():
-    net = QNetwork(DQNConfig(p=64, T=4))
+    net = QNetwork(DQNConfig(p=64, T=4, head_features=False))
     assert net.w7.weight.shape == (1, 3 * 64) and net.w8.weight.shape == (64, 64)
     assert net.w5.weight.shape == net.w6.weight.shape == (64, 64)
+    assert net.w9 is None
+
+
+def test_head_features_widen_eq3():
+    """``head_features=True`` (the default) appends W9 x_v to the concatenation of Eq. 3."""
+    net = QNetwork(DQNConfig(p=64, T=4), in_features=7)
+    assert net.w7.weight.shape == (1, 4 * 64) and net.w9.weight.shape == (64, 7)
 
 
 def test_s2v_mean_aggregation_matches_dense_reference():
