@@ -197,6 +197,37 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     return {"cells": rows, "wins": wins, "n_cells": cells, "feasible_ok": feas_ok}
 
 
+NAMES = {"resnet50": "ResNet-50 b64", "vgg16": "VGG-16 b64", "unet": "U-Net b8", "lstm": "LSTM b64", "gpt": "GPT b8"}
+
+
+def grid_markdown(result: dict[str, Any]) -> str:
+    """The grid as a markdown table: every baseline's overhead, the DQN's, and its makespan / lower bound."""
+    cells = result["cells"]
+    names = [n for n in cells[0] if isinstance(cells[0][n], dict) and n not in ("dqn", "dqn-search", "none")]
+    search = "dqn-search" in cells[0]
+    head = ["network", "limit", "GiB"] + names + ["**dqn**", "dqn M/LB"] + (["dqn-search"] if search else []) + ["dqn <= best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def fmt(fig: dict[str, Any], best: bool = False) -> str:
+        if not fig["feasible"]:
+            return "×"
+        v = f"{fig['overhead']:.4f}"
+        return f"**{v}**" if best else v
+
+    for c in cells:
+        feas = [c[n]["overhead"] for n in names if c[n]["feasible"]]
+        low = min(feas) if feas else None
+        row = [NAMES.get(c["model"], c["model"]), f"{round(c['limit'] * 100)} %", f"{c['limit_bytes'] / 2**30:.2f}"]
+        row += [fmt(c[n], low is not None and c[n]["feasible"] and c[n]["overhead"] <= low + 1e-12) for n in names]
+        row += [fmt(c["dqn"]), f"{c['dqn']['makespan_over_lb']:.3f}"]
+        row += [fmt(c["dqn-search"])] if search else []
+        row += ["yes" if c["dqn_wins"] else "no"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append(f"\nDQN <= best baseline in {result['wins']} of {result['n_cells']} cells; "
+                 f"feasible wherever a baseline is in {result['feasible_ok']} of {result['n_cells']}.")
+    return "\n".join(lines) + "\n"
+
+
 def bench_train_grid(args: argparse.Namespace) -> dict[str, Any]:
     """Fine-tune the shipped agent on every grid cell (one network, one limit), as in the
     paper's Figure 3: the user's network and limit go in, training returns the agent."""
@@ -315,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("grid"); p.add_argument("--agents"); p.add_argument("--search", action="store_true")
     p.add_argument("--fresh", action="store_true", help="re-run the baselines instead of using runs/baselines_cache.json")
     p.add_argument("--models", nargs="+", default=list(GRID))
+    p.add_argument("--md", help="also write the table as markdown here")
     p = sub.add_parser("train-grid"); p.add_argument("--agent", default=str(ROOT / "checkpoints" / "default.pt"))
     p.add_argument("--models", nargs="+", default=list(GRID), help="model or model:steps")
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--start-e", type=float, default=0.3)
@@ -341,7 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    write_json(fn(args), args.json)
+    result = fn(args)
+    write_json(result, args.json)
+    if getattr(args, "md", None):
+        from machine import machine
+
+        Path(args.md).write_text(f"{machine()}; `{' '.join(sys.argv)}`\n\n" + grid_markdown(result))
     return 0
 
 

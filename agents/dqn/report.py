@@ -60,7 +60,9 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: str | os.PathL
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:
-        ax.set_title(title, fontsize=9)
+        import textwrap
+
+        ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
