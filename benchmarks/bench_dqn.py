@@ -259,6 +259,24 @@ def bench_train_grid(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"
+
+
+def _recorded_run(path: Path, trace, limits: list[float], steps: int):  # noqa: ANN001, ANN202
+    """The evaluations a finished training run stored in its checkpoint, checked against this experiment."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from env import resolve_limit
+
+    t = torch.load(path, weights_only=True)["training"]
+    if t["steps"] != steps or [int(x) for x in t["memory_limits"]] != [resolve_limit(trace, f) for f in limits]:
+        raise SystemExit(f"{path}: trained for {t['steps']} steps at {t['memory_limits']}, not {steps} at {limits}; "
+                         "drop --reuse-scratch")
+    return SimpleNamespace(best=t["best"], evaluations=t["evaluations"], wall_time=t["wall_time_s"])
+
+
 def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
     from agents.dqn import DQNConfig
     from agents.dqn.algorithm import finetune, train
@@ -272,25 +290,30 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
         base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1))
         d = ROOT / "runs" / "transfer"
         limits = list(args.limits)
-        scratch = train(trace, limits, d / f"{name}_scratch.pt", base, profile=PROFILE, log_dir=str(ROOT / "runs"),
-                        run_name=f"transfer_{name}_scratch", overwrite=True, threads=args.threads)
+        scratch_path = d / f"{name}_scratch.pt"
+        if args.reuse_scratch and scratch_path.exists():  # same seed and settings: reuse its recorded evaluations
+            scratch = _recorded_run(scratch_path, trace, limits, args.steps)
+        else:
+            scratch = train(trace, limits, scratch_path, base, profile=PROFILE, log_dir=str(ROOT / "runs"),
+                            run_name=f"transfer_{name}_scratch", overwrite=True, threads=args.threads)
         ft_steps = int(args.steps * args.fraction)
-        ft = finetune(args.agent, trace, limits, d / f"{name}_finetune.pt", total_timesteps=ft_steps,
+        tag = "" if Path(args.agent).resolve() == DEFAULT_AGENT.resolve() else f"_from_{Path(args.agent).stem}"
+        ft = finetune(args.agent, trace, limits, d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
                       config_overrides={"eval_every": max(ft_steps // 6, 1)}, profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune", overwrite=True,
                       threads=args.threads)
         s_best, f_best = scratch.best["score"], ft.best["score"]
-        out[name] = {"limits": limits, "scratch_steps": args.steps, "finetune_steps": ft_steps,
+        out[name] = {"agent": str(args.agent), "limits": limits, "scratch_steps": args.steps, "finetune_steps": ft_steps,
                      "scratch_seconds": scratch.wall_time, "finetune_seconds": ft.wall_time, "scratch_best": s_best,
                      "finetune_best": f_best, "reached": f_best <= s_best * (1 + 1e-9) + 1e-12,
                      "scratch_curve": [(e["step"], e["score"]) for e in scratch.evaluations],
                      "finetune_curve": [(e["step"], e["score"]) for e in ft.evaluations]}
         curves[f"{name} from scratch"] = out[name]["scratch_curve"]
-        curves[f"{name} fine-tuned"] = out[name]["finetune_curve"]
+        curves[f"{name} fine-tuned from {Path(args.agent).name}"] = out[name]["finetune_curve"]
         print(f"{name}: scratch best {s_best:.4f} in {args.steps} steps; fine-tuned best {f_best:.4f} "
               f"in {ft_steps} steps ({100 * args.fraction:.0f}%) -> {'reached' if out[name]['reached'] else 'not reached'}")
     if args.plot:
-        plot_curves(curves, args.plot, title="fine-tuning the shipped agent vs training from scratch")
+        plot_curves(curves, args.plot, title=f"fine-tuning {Path(args.agent).name} vs training from scratch")
     return out
 
 
@@ -360,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10000); p.add_argument("--fraction", type=float, default=0.3)
     p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))
     p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
+    p.add_argument("--reuse-scratch", action="store_true",
+                   help="take the from-scratch run from runs/transfer/<model>_scratch.pt if it is there")
     p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
     p.add_argument("--only", nargs="*", help="variant names to run (beside the default)")
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--seeds", type=int, default=2)
