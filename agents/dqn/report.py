@@ -56,7 +56,10 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: str | os.PathL
     ax.set_ylabel(ylabel)
     ys_all = [y for pts in curves.values() for _, y in pts if y > 0]
     if ys_all and max(ys_all) / max(min(ys_all), 1e-12) > 30:
-        ax.set_yscale("log")
+        if any(y <= 0 for pts in curves.values() for _, y in pts):  # a perfect plan scores 0: keep it visible
+            ax.set_yscale("symlog", linthresh=min(ys_all))
+        else:
+            ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:
