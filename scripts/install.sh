@@ -3,9 +3,10 @@
 #
 # torch: a torch already importable is kept (a GPU user's CUDA build included;
 # the venv sees system packages).  Otherwise a machine with an NVIDIA GPU gets
-# a CUDA build and a machine without one gets torch 2.13.0 from the package
-# index configured for pip (the CPU build on these CPU machines); set
-# TORCH_INDEX_URL to pull the CPU build from another index.  It never pulls a
+# a CUDA build and a machine without one gets the CPU build of torch 2.13.0:
+# from PyTorch's CPU index when it can be reached (PyPI's Linux wheels bundle
+# CUDA), else from the package index configured for pip (the CPU wheel on these
+# CPU machines); set TORCH_INDEX_URL to take it from another index.  It never pulls a
 # multi-GB CUDA build onto a machine without a GPU through our dependencies:
 # pyproject.toml asks for a range the installed torch already satisfies.
 #
@@ -22,6 +23,7 @@ else
   PY=python
 fi
 pip=("$PY" -m pip install --quiet --disable-pip-version-check)
+CPU_INDEX="${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -29,8 +31,13 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "${pip[@]}" "torch>=2.4"
   elif [[ -n "${TORCH_INDEX_URL:-}" ]]; then
     "${pip[@]}" --index-url "$TORCH_INDEX_URL" "torch==2.13.0"
+  elif "$PY" -c "import urllib.request; urllib.request.urlopen('$CPU_INDEX/torch/', timeout=5)" 2>/dev/null; then
+    # PyPI's Linux torch wheels pull several GB of CUDA libraries: take the CPU build from PyTorch's index.
+    echo "install: no GPU found, installing the CPU build of torch 2.13.0 from $CPU_INDEX" >&2
+    "${pip[@]}" --index-url "$CPU_INDEX" --extra-index-url https://pypi.org/simple "torch==2.13.0"
   else
-    echo "install: no GPU found, installing the CPU build of torch 2.13.0" >&2
+    # No route to PyTorch's index (a machine that only reaches its package mirror, which holds the CPU wheel).
+    echo "install: no GPU found, installing torch 2.13.0 from the configured package index" >&2
     "${pip[@]}" "torch==2.13.0"
   fi
 fi
