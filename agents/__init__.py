@@ -12,6 +12,10 @@ from typing import Any
 BASELINE_NAMES = ("none", "window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
 DQN_NAMES = ("dqn", "dqn-search")
 PLANNER_NAMES = (*DQN_NAMES, *BASELINE_NAMES)
+#: How the ``dqn`` planner reads its Q-values (see :class:`agents.dqn.planner.DQNPlanner`).
+DQN_DECODINGS = ("greedy", "cover", "auto")
+#: ``decode="auto"`` uses ``cover`` from this many action nodes up.
+AUTO_COVER_NODES = 2000
 
 
 def get_planner(name: str, *, agent: str | None = None, **settings: Any):  # noqa: ANN201
@@ -27,4 +31,4 @@ def get_planner(name: str, *, agent: str | None = None, **settings: Any):  # noq
     raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(PLANNER_NAMES)}")
 
 
-__all__ = ["BASELINE_NAMES", "DQN_NAMES", "PLANNER_NAMES", "get_planner"]
+__all__ = ["AUTO_COVER_NODES", "BASELINE_NAMES", "DQN_DECODINGS", "DQN_NAMES", "PLANNER_NAMES", "get_planner"]

@@ -102,22 +102,25 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_plan_time(args: argparse.Namespace) -> dict[str, Any]:
+    """Plan time of the dqn planner on ResNet-1001 b64, each decoding in turn at each limit (one run: compare ratios)."""
     from agents.dqn import DQNPlanner
     from env import resolve_limit
 
     trace = get_trace("resnet1001", 64)
-    planner = DQNPlanner(args.agent, threads=args.threads)
-    out = {}
+    out: dict[str, Any] = {"decodings": list(args.decode)}
     for limit in args.limits:
-        lim = resolve_limit(trace, limit)
-        t0 = time.perf_counter()
-        plan = planner.plan(trace, lim, PROFILE)
-        dt = time.perf_counter() - t0
-        f = plan.figures
-        out[f"{int(limit * 100)}%"] = {"seconds": dt, "n_actions": len(plan.actions), "overhead": f.get("overhead"),
-                                       "feasible": f.get("feasible")}
-        print(f"resnet1001 b64 @ {int(limit * 100)}%: planned in {dt:.2f} s ({len(plan.actions)} actions, "
-              f"overhead {f.get('overhead')}, feasible {f.get('feasible')})")
+        lim, row = resolve_limit(trace, limit), {}
+        for decode in args.decode:
+            planner = DQNPlanner(args.agent, threads=args.threads, decode=decode)
+            t0 = time.perf_counter()
+            plan = planner.plan(trace, lim, PROFILE)
+            dt = time.perf_counter() - t0
+            f = plan.figures
+            row[decode] = {"seconds": dt, "n_actions": len(plan.actions), "overhead": f.get("overhead"),
+                           "feasible": f.get("feasible"), "decoded_as": plan.settings.get("decode")}
+            print(f"resnet1001 b64 @ {int(limit * 100)}%, {decode}: planned in {dt:.2f} s ({len(plan.actions)} "
+                  f"actions, overhead {f.get('overhead'):.4f}, feasible {f.get('feasible')})", flush=True)
+        out[f"{int(limit * 100)}%"] = row
     return out
 
 
@@ -148,12 +151,12 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     for model in args.models:
         trace = get_trace(model, GRID[model])
         for frac in LIMITS:
-            agent = None  # per-cell agent, else per-network agent, else checkpoints/default.pt
+            agent = args.default_agent  # per-cell agent, else per-network agent, else the default one
             for cand in (f"{model}@{round(frac * 100)}.pt", f"{model}.pt"):
                 if agents_dir and (agents_dir / cand).exists():
                     agent = agents_dir / cand
                     break
-            dqn, search = DQNPlanner(agent), (DQNSearchPlanner(agent) if args.search else None)
+            dqn, search = DQNPlanner(agent, decode=args.decode), (DQNSearchPlanner(agent) if args.search else None)
             limit = resolve_limit(trace, frac)
             cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": str(dqn.agent_path)}
             key = f"{model}@{frac}@{limit}@{trace.fingerprint}"
@@ -363,13 +366,19 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agents import DQN_DECODINGS as DECODINGS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("steps"); p.add_argument("--n", type=int, default=300)
     p = sub.add_parser("train"); p.add_argument("--steps", type=int, default=20000); p.add_argument("--out")
     p = sub.add_parser("plan-time"); p.add_argument("--agent"); p.add_argument("--limits", nargs="+", type=float,
-                                                                              default=[0.7, 0.3])
+                                                                              default=[0.9, 0.7, 0.5, 0.3])
+    p.add_argument("--decode", nargs="+", default=["greedy", "cover"], choices=DECODINGS,
+                   help="decodings of the dqn planner to time, in turn at each limit")
     p = sub.add_parser("grid"); p.add_argument("--agents"); p.add_argument("--search", action="store_true")
+    p.add_argument("--decode", default="auto", choices=DECODINGS, help="how the dqn planner decodes Q-values")
+    p.add_argument("--default-agent", help="agent for cells without one in --agents (default checkpoints/default.pt)")
     p.add_argument("--fresh", action="store_true", help="re-run the baselines instead of using runs/baselines_cache.json")
     p.add_argument("--models", nargs="+", default=list(GRID))
     p.add_argument("--md", help="also write the table as markdown here")

@@ -169,7 +169,10 @@ class SwapRecomputeEnv(gym.Env):
     overhead of the plan it produced (measured as above when it never fits),
     minus penalties: ``infeasible_penalty`` when the episode ends with the
     limit still exceeded, ``invalid_penalty`` per invalid action
-    (``info["penalty"]`` is their running sum).
+    (``info["penalty"]`` is their running sum).  :meth:`step_many` (for
+    planners, outside the Gymnasium API) takes several actions valid at the
+    same decision point and simulates once; its reward is minus the overhead
+    the whole batch adds, so the identity above holds for it too.
 
     ## Starting State
 
@@ -371,6 +374,44 @@ class SwapRecomputeEnv(gym.Env):
         self.episode_return += reward
         return self._obs(), float(reward), terminated, truncated, self._info()
 
+    def step_many(self, nodes: list[int]) -> tuple[float, bool]:
+        """Take several actions at the current decision point, then simulate once.
+
+        A planner's shortcut, not part of the Gymnasium API: ``nodes`` must all
+        be valid now; a node that an earlier one of ``nodes`` makes invalid
+        (the other action on the same tensor, a recompute chain) is skipped.
+        Returns ``(reward, done)``: minus the overhead the batch adds (and the
+        infeasibility penalty if the episode ends without a fitting plan).
+        """
+        if self.result is None or self._done:
+            raise RuntimeError("call reset() before step_many()")
+        g = self.graph
+        took = 0
+        for a in nodes:
+            a = int(a)
+            if not (0 < a < g.n_nodes) or g.kind[a] == 0 or not self._valid[a]:
+                raise ValueError(f"node {a} is not a valid action now")
+            if self._acted[g.tensor[a]] or self._chain_blocked[a]:
+                continue
+            act = g.action(a)
+            self.actions.append(act)
+            self._acted[act.tensor] = True
+            self._chosen[a] = True
+            if self._chain_links is not None and g.kind[a] == RECOMPUTE:
+                self._chain_blocked[self._chain_links[a]] = True
+            took += 1
+        self._steps += took
+        self._simulate()
+        overhead = float(self.result.overhead)
+        reward = -(overhead - self._overhead)
+        self._overhead = overhead
+        self._done = self._feasible or self._stuck()
+        if self._done and not self._feasible:
+            reward -= self.infeasible_penalty
+            self._penalty += self.infeasible_penalty
+        self.episode_return += reward
+        return float(reward), self._done
+
     _EPISODE_FIELDS = ("actions", "_acted", "_chosen", "_chain_blocked", "_overhead", "_penalty", "_steps",
                        "_done", "result", "_feasible", "_op", "_deficit", "_valid", "episode_return")
 
@@ -388,6 +429,11 @@ class SwapRecomputeEnv(gym.Env):
     @property
     def feasible(self) -> bool:
         return bool(self._feasible)
+
+    @property
+    def deficit_bytes(self) -> float:
+        """Bytes missing at the decision point (0 when the plan fits)."""
+        return float(self._deficit)
 
     def plan(self, planner: str = "dqn", settings: dict[str, Any] | None = None) -> Plan:
         """The plan of the actions taken so far, with the simulator's figures."""

@@ -116,6 +116,12 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
     assert figures["planner"] == "dqn" and "feasible" in figures
     plan = Plan.load(plan_path, trace)
     assert plan.planner == "dqn" and plan.settings["agent"] == str(path)
+    assert plan.settings["decode"] == "greedy"  # auto: a small graph is decoded greedily
+
+    code, out, err = run(["simulate", str(mlp), "-m", "70%", "--planner", "dqn", "--agent", str(path),
+                          "--decode", "cover", "--json"], capsys)
+    assert code in (0, 1), err
+    assert json.loads(out)["planner"] == "dqn"
 
 
 def test_train_refuses_to_overwrite(agent, mlp, capsys):

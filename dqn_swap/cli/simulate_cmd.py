@@ -14,7 +14,7 @@ LIMIT_HELP = ("GPU memory limit: bytes with a unit (8GiB, 6.5GB, 512MiB) or a pe
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    from agents import PLANNER_NAMES
+    from agents import AUTO_COVER_NODES, DQN_DECODINGS, PLANNER_NAMES
 
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
@@ -22,6 +22,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help=f"who plans: {', '.join(PLANNER_NAMES)} (default dqn, the shipped agent)")
     p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search "
                                    "(default: checkpoints/default.pt)")
+    p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
+                   help="how --planner dqn reads its Q-values: greedy (one action, then look again), "
+                        "cover (the best actions until the bytes missing are covered, then look again; "
+                        f"several times faster on large graphs) or auto (cover from {AUTO_COVER_NODES} "
+                        "action nodes up, else greedy; the default)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -50,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
 
 
-def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None):
+def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
+              decode: str = "auto"):
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from agents import get_planner
 
@@ -61,7 +67,7 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
     limit = resolve_memory_limit(trace, limit_text)
     profile = profile_of(trace, profile_name)
-    planner = get_planner(planner_name, agent=agent)
+    planner = get_planner(planner_name, agent=agent, **({"decode": decode} if planner_name == "dqn" else {}))
     t0 = time.perf_counter()
     plan = planner.plan(trace, limit, profile)
     return plan, time.perf_counter() - t0, profile
@@ -87,7 +93,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         profile = profile_of(trace, args.profile or plan.profile)
         planning_s = None
     else:
-        plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile)
+        plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
+                                              args.decode)
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
     figures = {"planner": plan.planner, "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
@@ -105,7 +112,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
     trace = load_trace(args.trace)
-    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile)
+    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode)
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, "planning_s": planning_s}, args.json)

@@ -105,3 +105,30 @@ def test_greedy_plan_does_not_depend_on_how_rewards_are_charged(tiny_resnet_trac
             greedy_episode(planner.net, GraphBatcher(), env)
             plans.append(env.plan().actions)
         assert plans[0] == plans[1]
+
+
+def test_cover_decoding_plans_feasibly_with_fewer_q_passes(tiny_resnet_trace, trained, monkeypatch):
+    import agents.dqn.planner as planner_mod
+
+    passes = {"n": 0}
+    real = planner_mod.greedy_q
+
+    def counting(*args):
+        passes["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(planner_mod, "greedy_q", counting)
+    limit = SwapRecomputeEnv(tiny_resnet_trace, 0.3).memory_limit
+    plans, n_passes = {}, {}
+    for decode in ("greedy", "cover"):
+        passes["n"] = 0
+        plans[decode] = DQNPlanner(trained[0], decode=decode).plan(tiny_resnet_trace, limit, "v100-pcie3")
+        n_passes[decode] = passes["n"]
+        assert plans[decode].settings["decode"] == decode
+    res = simulate(tiny_resnet_trace, plans["cover"])
+    assert res.feasible
+    assert n_passes["cover"] <= n_passes["greedy"]
+    # the first action is the same: the highest-Q valid one
+    assert plans["cover"].actions and plans["greedy"].actions
+    with pytest.raises(ValueError, match="unknown decoding"):
+        DQNPlanner(trained[0], decode="beam")

@@ -142,3 +142,38 @@ def test_no_recompute_chains(trace, seed):
         assert not (mask[1:] & ~chained.action_masks()[1:]).any()
         a = int(rng.choice(np.flatnonzero(mask)))
         e.step(a), chained.step(a)
+
+
+@pytest.mark.parametrize("reward", ["whole", "accrued"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_step_many_returns_add_up_to_minus_simulated_overhead(trace, reward, seed):
+    """Batches of actions keep the identity of section 4.7, and each batch is one plan step."""
+    e = SwapRecomputeEnv(trace, 0.3, reward=reward)
+    e.reset(seed=0)
+    rng = np.random.default_rng(seed)
+    total, done, n_actions = 0.0, False, 0
+    while not done:
+        valid = np.flatnonzero(e.action_masks())
+        if valid[0] == 0:
+            _, r, term, trunc, _ = e.step(0)
+            total, done = total + r, True
+            break
+        picked = [int(a) for a in rng.choice(valid, size=min(3, len(valid)), replace=False)]
+        r, done = e.step_many(picked)
+        total += r
+        assert n_actions < len(e.actions) <= n_actions + len(picked)  # skipped: same tensor or a chain
+        n_actions = len(e.actions)
+    res = simulate(trace, e.plan(), memory_limit=e.memory_limit, profile=e.profile, overcommit=reward == "whole")
+    assert total == pytest.approx(-res.overhead - e._penalty, rel=1e-9, abs=1e-12)
+    assert total == pytest.approx(e.episode_return)
+    assert e.feasible == res.feasible
+
+
+def test_step_many_refuses_invalid_nodes(trace):
+    e = SwapRecomputeEnv(trace, 0.3)
+    _, info = e.reset(seed=0)
+    invalid = np.flatnonzero(~info["action_mask"])
+    with pytest.raises(ValueError, match="not a valid action"):
+        e.step_many([int(invalid[-1])])
+    with pytest.raises(ValueError, match="not a valid action"):
+        e.step_many([0])  # "do nothing" goes through step()
