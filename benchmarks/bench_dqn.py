@@ -290,25 +290,27 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
     for spec in args.models:
         name, _, batch = spec.partition(":")
         trace = get_trace(name, int(batch))
-        base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1))
+        base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1), seed=args.seed)
         d = ROOT / "runs" / "transfer"
         limits = list(args.limits)
-        scratch_path = d / f"{name}_scratch.pt"
+        seed_tag = f"_s{args.seed}" if args.seed else ""
+        scratch_path = d / f"{name}_scratch{seed_tag}.pt"
         if args.reuse_scratch and scratch_path.exists():  # same seed and settings: reuse its recorded evaluations
             scratch = _recorded_run(scratch_path, trace, limits, args.steps)
         else:
             scratch = train(trace, limits, scratch_path, base, profile=PROFILE, log_dir=str(ROOT / "runs"),
-                            run_name=f"transfer_{name}_scratch", overwrite=True, threads=args.threads)
+                            run_name=f"transfer_{name}_scratch{seed_tag}", overwrite=True, threads=args.threads)
         ft_steps = int(args.steps * args.fraction)
         tag = "" if Path(args.agent).resolve() == DEFAULT_AGENT.resolve() else f"_from_{Path(args.agent).stem}"
         tag += f"_e{args.start_e}_lr{args.lr_factor}" if (args.start_e, args.lr_factor) != (0.2, 0.3) else ""
+        tag += seed_tag
         ft = finetune(args.agent, trace, limits, d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
                       start_e=args.start_e, lr_factor=args.lr_factor,
-                      config_overrides={"eval_every": max(ft_steps // 6, 1)}, profile=PROFILE,
+                      config_overrides={"eval_every": max(ft_steps // 6, 1), "seed": args.seed}, profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune{tag}", overwrite=True,
                       threads=args.threads)
         s_best, f_best = scratch.best["score"], ft.best["score"]
-        out[name] = {"agent": str(args.agent), "start_e": args.start_e, "lr_factor": args.lr_factor, "limits": limits,
+        out[name] = {"agent": str(args.agent), "seed": args.seed, "start_e": args.start_e, "lr_factor": args.lr_factor, "limits": limits,
                      "scratch_steps": args.steps, "finetune_steps": ft_steps,
                      "scratch_seconds": scratch.wall_time, "finetune_seconds": ft.wall_time, "scratch_best": s_best,
                      "finetune_best": f_best, "reached": f_best <= s_best * (1 + 1e-9) + 1e-12,
@@ -397,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
     p.add_argument("--start-e", type=float, default=0.2, help="fine-tuning's starting epsilon")
     p.add_argument("--lr-factor", type=float, default=0.3, help="fine-tuning's learning rate over the agent's")
+    p.add_argument("--seed", type=int, default=0, help="seed of both runs (the scratch run's file is per seed)")
     p.add_argument("--reuse-scratch", action="store_true",
                    help="take the from-scratch run from runs/transfer/<model>_scratch.pt if it is there")
     p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
