@@ -81,3 +81,17 @@ def test_planner_reports_bad_checkpoint(tmp_path):
     with pytest.raises(CheckpointError):
         DQNPlanner(tmp_path / "nothing.pt")
     assert issubclass(CheckpointError, ValueError)
+
+
+def test_shipped_agents_load_and_stay_small():
+    """Every agent under checkpoints/ loads with weights_only and is a few MB at most (the issue's budget)."""
+    from pathlib import Path
+
+    from agents.dqn.planner import DEFAULT_AGENT
+
+    shipped = sorted(DEFAULT_AGENT.parent.rglob("*.pt"))
+    assert DEFAULT_AGENT in shipped
+    for path in shipped:
+        net, config, ckpt = load_agent(path)
+        assert Path(path).stat().st_size < 4 * 2**20, path
+        assert ckpt["training"]["evaluations"], path  # the training curve travels with the agent
