@@ -584,6 +584,11 @@ class Simulator:
                 need[n] = before + extra
         return _Prepared(issues, special, next_use, need, ignored)
 
+    def memory_need(self, actions: Iterable[Action] = ()) -> np.ndarray:
+        """Bytes each op needs under ``actions`` if every swap-out completed at once
+        (int64 per op; the admission rule's ``need``, a lower bound on what :meth:`run` sees)."""
+        return self._prepare(actions).need.copy()
+
     # ------------------------------------------------------------------ run
     def run(self, actions: Iterable[Action] = (), *, timeline: bool = False,
             overcommit: bool = False) -> SimResult:

@@ -435,6 +435,19 @@ class SwapRecomputeEnv(gym.Env):
         """Bytes missing at the decision point (0 when the plan fits)."""
         return float(self._deficit)
 
+    @property
+    def decision_op(self) -> int:
+        """The op of the decision point (-1 when the plan fits)."""
+        return int(self._op)
+
+    def deficit_ahead(self, ops: int) -> float:
+        """Most bytes missing at any of the ``ops`` ops after the decision point, from the
+        simulator's instant-swap memory need (:meth:`~dqn_swap.simulator.Simulator.memory_need`)."""
+        if self._feasible or ops <= 0:
+            return 0.0
+        need = self.sim.memory_need(self.actions)[self._op + 1: self._op + 1 + int(ops)]
+        return float(max(int(need.max()) - self.memory_limit, 0)) if len(need) else 0.0
+
     def plan(self, planner: str = "dqn", settings: dict[str, Any] | None = None) -> Plan:
         """The plan of the actions taken so far, with the simulator's figures."""
         result = self.result

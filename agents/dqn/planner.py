@@ -5,13 +5,15 @@
   plan fits (or nothing can help).  No search: this is the agent's plan.
   ``decode="cover"`` (ours) reads Q once per decision point and takes the
   valid actions in decreasing Q until their bytes cover the memory missing
-  there (:func:`cover_episode`); ``"auto"`` (the default) uses it on graphs
-  of at least ``AUTO_COVER_NODES`` action nodes.  Measured on the 2-core
-  machine (``benchmarks/bench_dqn.py plan-time``): with the shipped agent,
-  ResNet-1001 b64 plans 1.4-2.4x faster at 90-30 % (19.5 s against 46 s at
-  30 %) with overheads within 4 % of greedy's.  On the 20-cell grid, cover
-  everywhere won 15 cells against greedy's 17 (grid agents, first shipped
-  agent), so small graphs keep greedy decoding.
+  there and over the next ``COVER_AHEAD_OPS`` ops (:func:`cover_episode`);
+  ``"auto"`` (the default) uses it on graphs of at least
+  ``AUTO_COVER_NODES`` action nodes.  Measured on the 2-core machine
+  (``benchmarks/bench_dqn.py plan-time``), shipped agent, ResNet-1001 b64 at
+  90/70/50/30 %: cover 0.5 / 1.5 / 2.6 / 2.9 s, greedy 4.1 / 12 / 26 / 45 s,
+  overheads within 4 % of greedy's (ahead of it at 70 % and 50 %).  On the
+  20-cell comparison grid cover wins 17 cells against auto's 18 (lower in
+  some, such as GPT at 30 %, but it loses ResNet-50 at 90 %), so ``auto``
+  keeps greedy decoding, the agent's own plan, on small graphs.
 * ``dqn-search`` (:class:`DQNSearchPlanner`): a separate planner that puts a
   small search on top: at every decision point it tries the ``k`` actions of
   highest Q in the simulator and keeps the one with the best one-step
@@ -98,17 +100,25 @@ def greedy_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) 
     return episode_summary(env, ret, steps)
 
 
+#: How many ops past the decision point ``cover`` decoding looks (see :func:`cover_episode`).
+COVER_AHEAD_OPS = 40
+
+
 @torch.no_grad()
-def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) -> dict[str, Any]:
+def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
+                  ahead: int = COVER_AHEAD_OPS) -> dict[str, Any]:
     """Greedy decoding that takes several actions per decision point.
 
-    At each decision point the valid actions are taken in decreasing Q until
-    their bytes cover the deficit there (at least one), and the simulator
-    runs once for the lot.  Same Q-values, same order of preference as
-    :func:`greedy_episode`; what it skips is re-reading Q (and re-simulating)
-    between actions that the deficit calls for anyway.  On graphs with
-    thousands of actions this divides the Q passes and simulations by the
-    actions per decision point.
+    At each decision point Q is read once and the valid actions are taken in
+    decreasing Q until their bytes cover what is missing, and the simulator
+    runs once for the lot.  "What is missing" is the larger of the deficit at
+    the decision point and the most any of the next ``ahead`` ops lacks under
+    the simulator's instant-swap memory need; once the decision point itself
+    is covered, actions whose tensor comes back within those ops are skipped
+    (they do not help the ops ahead).  ``ahead=0`` covers the decision point
+    only.  Same Q-values and order of preference as :func:`greedy_episode`;
+    what it skips is re-reading Q (and re-simulating) between actions the
+    coming ops call for anyway.
     """
     env.reset(seed=0)
     g = env.graph
@@ -122,12 +132,15 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) -
             _, r, term, trunc, _ = env.step(best)
             ret, steps, done = ret + r, steps + 1, term or trunc
             continue
-        need, freed, picked, tensors = env.deficit_bytes, 0.0, [], set()
+        here = env.deficit_bytes
+        need = max(here, env.deficit_ahead(ahead))
+        horizon = env.decision_op + ahead
+        freed, picked, tensors = 0.0, [], set()
         for a in order.tolist():
             if not np.isfinite(q[a]) or freed >= need and picked:
                 break
             t = int(g.tensor[a])
-            if t in tensors:
+            if t in tensors or (freed >= here and picked and g.reuse_op[a] <= horizon):
                 continue
             tensors.add(t)
             picked.append(a)

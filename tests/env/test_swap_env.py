@@ -177,3 +177,22 @@ def test_step_many_refuses_invalid_nodes(trace):
         e.step_many([int(invalid[-1])])
     with pytest.raises(ValueError, match="not a valid action"):
         e.step_many([0])  # "do nothing" goes through step()
+
+
+def test_deficit_ahead_reads_the_simulators_memory_need(trace):
+    e = SwapRecomputeEnv(trace, 0.3)
+    e.reset(seed=0)
+    assert not e.feasible and e.deficit_ahead(0) == 0.0
+    need = e.sim.memory_need([])
+    assert np.array_equal(need, e.sim.op_memory)  # the empty plan needs what the trace allocates
+    op = e.decision_op
+    for k in (1, 5, 40):
+        expect = max(int(need[op + 1: op + 1 + k].max()) - e.memory_limit, 0) if op + 1 < len(need) else 0
+        assert e.deficit_ahead(k) == expect
+    # a swap lowers the need while its tensor is away, and nowhere raises it
+    a = int(np.flatnonzero(e.action_masks() & (e.graph.kind == 1))[0])
+    act = e.graph.action(a)
+    after = e.sim.memory_need([act])
+    assert np.all(after <= need)
+    away = slice(int(e.graph.event_op[a]) + 1, int(e.graph.reuse_op[a]))
+    assert np.all(need[away] - after[away] == trace.tensor_nbytes[act.tensor])
