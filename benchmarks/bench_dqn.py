@@ -34,6 +34,7 @@ GRID = {"resnet50": 64, "vgg16": 64, "unet": 8, "lstm": 64, "gpt": 8}
 LIMITS = (0.9, 0.7, 0.5, 0.3)
 PROFILE = "v100-pcie3"
 TRACE_DIR = ROOT / "runs" / "traces"
+DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"  # the shipped agent (agents.dqn.planner.DEFAULT_AGENT)
 CACHE = ROOT / "runs" / "baselines_cache.json"  # baseline figures per (model, limit, trace fingerprint)
 
 
@@ -262,9 +263,6 @@ def bench_train_grid(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"
-
-
 def _recorded_run(path: Path, trace, limits: list[float], steps: int):  # noqa: ANN001, ANN202
     """The evaluations a finished training run stored in its checkpoint, checked against this experiment."""
     from types import SimpleNamespace
@@ -384,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="re-run the baselines instead of using runs/baselines_cache.json")
     p.add_argument("--models", nargs="+", default=list(GRID))
     p.add_argument("--md", help="also write the table as markdown here")
-    p = sub.add_parser("train-grid"); p.add_argument("--agent", default=str(ROOT / "checkpoints" / "default.pt"))
+    p = sub.add_parser("train-grid"); p.add_argument("--agent", default=str(DEFAULT_AGENT))
     p.add_argument("--models", nargs="+", default=list(GRID), help="model or model:steps")
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--start-e", type=float, default=0.3)
     p.add_argument("--batch-size", type=int, default=32)
@@ -392,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--again", action="store_true", help="start each cell from its agent in --out-dir if there is one")
     p.add_argument("--out-dir", default=str(ROOT / "checkpoints" / "grid"))
-    p = sub.add_parser("transfer"); p.add_argument("--agent", default=str(ROOT / "checkpoints" / "default.pt"))
+    p = sub.add_parser("transfer"); p.add_argument("--agent", default=str(DEFAULT_AGENT))
     p.add_argument("--models", nargs="+", default=["resnet152:32", "resnet1001:64"])
     p.add_argument("--steps", type=int, default=10000); p.add_argument("--fraction", type=float, default=0.3)
     p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))

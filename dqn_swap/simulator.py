@@ -206,7 +206,9 @@ class SimResult:
     limit and profile; ``infeasible``: where it got stuck; ``timeline``:
     ``(times, bytes)`` after each change of allocated memory (a step curve,
     several points may share a time), only with ``run(..., timeline=True)``;
-    ``ignored_actions``: duplicate actions on an already acted-on tensor.
+    ``ignored_actions``: duplicate actions on an already acted-on tensor;
+    ``memory_need``: bytes each op needs under the plan if every swap-out
+    completed at once (int64 per op, see :meth:`Simulator.memory_need`).
     """
 
     feasible: bool
@@ -227,6 +229,7 @@ class SimResult:
     timeline: tuple[np.ndarray, np.ndarray] | None = None
     ignored_actions: tuple[Action, ...] = ()
     recompute_ops: tuple[int, ...] = ()
+    memory_need: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def figures(self) -> dict[str, Any]:
         """JSON-friendly scalar figures (plan files, ``--json``); non-finite floats become ``None``."""
@@ -587,7 +590,7 @@ class Simulator:
     def memory_need(self, actions: Iterable[Action] = ()) -> np.ndarray:
         """Bytes each op needs under ``actions`` if every swap-out completed at once
         (int64 per op; the admission rule's ``need``, a lower bound on what :meth:`run` sees)."""
-        return self._prepare(actions).need.copy()
+        return self._prepare(actions).need
 
     # ------------------------------------------------------------------ run
     def run(self, actions: Iterable[Action] = (), *, timeline: bool = False,
@@ -614,7 +617,7 @@ class Simulator:
         n_ops = self._n_ops
         BIG = n_ops + 1
         duplex = self.profile.duplex
-        need_arr = prep.need
+        need_arr = prep.need.copy()  # raised below where a prefetch starts early; prep.need stays the plan's
         next_use = prep.next_use
         # One list lookup per op: (recompute steps and prefetch waits before it, actions after it).
         todo: list[Any] = [None] * n_ops
@@ -917,7 +920,7 @@ class Simulator:
             peak_bytes=peak, peak_op=peak_op, memory_limit=self.memory_limit,
             lower_bound=lb, makespan_over_lower_bound=ratio,
             infeasible=infeasible, timeline=timeline, ignored_actions=tuple(prep.ignored),
-            recompute_ops=tuple(recompute_ops))
+            recompute_ops=tuple(recompute_ops), memory_need=prep.need)
 
 
 def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limit: int | None = None,

@@ -355,16 +355,8 @@ class SwapRecomputeEnv(gym.Env):
         elif a == 0 or self.graph.kind[a] == 0:
             terminated = True
         else:
-            act = self.graph.action(a)
-            self.actions.append(act)
-            self._acted[act.tensor] = True
-            self._chosen[a] = True
-            if self._chain_links is not None and self.graph.kind[a] == RECOMPUTE:
-                self._chain_blocked[self._chain_links[a]] = True
-            self._simulate()
-            overhead = float(self.result.overhead)
-            reward = -(overhead - self._overhead)
-            self._overhead = overhead
+            self._take(a)
+            reward = self._resimulate()
             terminated = self._feasible or self._stuck()
         if terminated and not self._feasible:
             reward -= self.infeasible_penalty
@@ -373,6 +365,23 @@ class SwapRecomputeEnv(gym.Env):
         self._done = terminated or truncated
         self.episode_return += reward
         return self._obs(), float(reward), terminated, truncated, self._info()
+
+    def _take(self, node: int) -> None:
+        """Add the action of ``node`` to the plan (no simulation)."""
+        act = self.graph.action(node)
+        self.actions.append(act)
+        self._acted[act.tensor] = True
+        self._chosen[node] = True
+        if self._chain_links is not None and self.graph.kind[node] == RECOMPUTE:
+            self._chain_blocked[self._chain_links[node]] = True
+
+    def _resimulate(self) -> float:
+        """Simulate the plan so far; returns minus the overhead added since the last simulation."""
+        self._simulate()
+        overhead = float(self.result.overhead)
+        reward = -(overhead - self._overhead)
+        self._overhead = overhead
+        return reward
 
     def step_many(self, nodes: list[int]) -> tuple[float, bool]:
         """Take several actions at the current decision point, then simulate once.
@@ -386,25 +395,14 @@ class SwapRecomputeEnv(gym.Env):
         if self.result is None or self._done:
             raise RuntimeError("call reset() before step_many()")
         g = self.graph
-        took = 0
         for a in nodes:
             a = int(a)
             if not (0 < a < g.n_nodes) or g.kind[a] == 0 or not self._valid[a]:
                 raise ValueError(f"node {a} is not a valid action now")
-            if self._acted[g.tensor[a]] or self._chain_blocked[a]:
-                continue
-            act = g.action(a)
-            self.actions.append(act)
-            self._acted[act.tensor] = True
-            self._chosen[a] = True
-            if self._chain_links is not None and g.kind[a] == RECOMPUTE:
-                self._chain_blocked[self._chain_links[a]] = True
-            took += 1
-        self._steps += took
-        self._simulate()
-        overhead = float(self.result.overhead)
-        reward = -(overhead - self._overhead)
-        self._overhead = overhead
+            if not (self._acted[g.tensor[a]] or self._chain_blocked[a]):
+                self._take(a)
+                self._steps += 1
+        reward = self._resimulate()
         self._done = self._feasible or self._stuck()
         if self._done and not self._feasible:
             reward -= self.infeasible_penalty
@@ -442,10 +440,10 @@ class SwapRecomputeEnv(gym.Env):
 
     def deficit_ahead(self, ops: int) -> float:
         """Most bytes missing at any of the ``ops`` ops after the decision point, from the
-        simulator's instant-swap memory need (:meth:`~dqn_swap.simulator.Simulator.memory_need`)."""
+        simulator's instant-swap memory need (``SimResult.memory_need``) of the plan so far."""
         if self._feasible or ops <= 0:
             return 0.0
-        need = self.sim.memory_need(self.actions)[self._op + 1: self._op + 1 + int(ops)]
+        need = self.result.memory_need[self._op + 1: self._op + 1 + int(ops)]  # from the last simulation
         return float(max(int(need.max()) - self.memory_limit, 0)) if len(need) else 0.0
 
     def plan(self, planner: str = "dqn", settings: dict[str, Any] | None = None) -> Plan:

@@ -9,7 +9,7 @@
   ``"auto"`` (the default) uses it on graphs of at least
   ``AUTO_COVER_NODES`` action nodes.  Measured on the 2-core machine
   (``benchmarks/bench_dqn.py plan-time``), shipped agent, ResNet-1001 b64 at
-  90/70/50/30 %: cover 0.5 / 1.5 / 2.6 / 2.9 s, greedy 4.1 / 12 / 26 / 45 s,
+  90/70/50/30 %: cover 0.5 / 1.8 / 2.3 / 2.5 s, greedy 4.1 / 14 / 29 / 43 s,
   overheads within 4 % of greedy's (ahead of it at 70 % and 50 %).  On the
   20-cell comparison grid cover wins 17 cells against auto's 18 (lower in
   some, such as GPT at 30 %, but it loses ResNet-50 at 90 %), so ``auto``
