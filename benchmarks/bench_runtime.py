@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_runtime: needs a CUDA GPU (none available); nothing measured", file=sys.stderr)
         return 2
-    from dqn_swap.runtime.training import METHODS, run_planned_training
+    from dqn_swap.cli.experiment import METHODS, run_planned_training
 
     gpu = torch.cuda.get_device_name()
     limit: float | int = float(args.limit) if float(args.limit) <= 1 else int(float(args.limit))

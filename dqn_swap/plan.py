@@ -1,25 +1,35 @@
-"""Plans: which tensors to swap out and which to drop for recompute.
+"""Plans: which tensors to swap out and which to drop for recompute, and the schedule that follows.
 
 A plan is what every planner produces and what the simulator and the runtime
-consume.  Following section 4.5 of the DQN paper it holds only the *first
-phase* of each action: ``swap`` (offload the tensor to host memory after an
-event that touches it) and ``recompute`` (remove it after that event and
+consume.  Following section 4.5 of the DQN paper a planner chooses only the
+*first phase* of each action: ``swap`` (offload the tensor to host memory after
+an event that touches it) and ``recompute`` (remove it after that event and
 recompute it before its next read).  Prefetching and the recompute itself are
-not chosen: their timing is fixed by the simulator's rules.
+not chosen: their timing is fixed by the simulator's rules, and the simulator
+writes what it decided into the plan's :class:`Schedule` -- the op at which
+each prefetch starts, the re-runs before each op and which re-created inputs
+they free -- so that the runtime applies the plan without a memory model of
+its own.
 
-File format (JSON, version 1)::
+File format (JSON, version 2)::
 
-    {"format": "dqn-swap-plan", "version": 1,
+    {"format": "dqn-swap-plan", "version": 2,
      "trace_fingerprint": "...", "memory_limit": 123456789, "profile": "v100-pcie3",
      "planner": "greedy", "settings": {...},
      "actions": [[event, tensor, "swap" | "recompute"], ...],
+     "schedule": {"prefetch": [[tensor, op], ...],
+                  "recompute": [[op, [[producer op, [kept tensors], [released tensors]], ...]], ...],
+                  "max_inflight_d2h_bytes": 123},
      "figures": {... simulated results ...}}
 
-Loading checks the fingerprint against the trace it is used with.
+Version 1 files (no schedule) are still read; the schedule is then derived by
+simulating the plan when it is needed.  Loading checks the fingerprint, and
+the actions and schedule against the trace the plan is used with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import os
@@ -31,7 +41,8 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 FORMAT = "dqn-swap-plan"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)
 
 
 class ActionKind(enum.IntEnum):
@@ -53,6 +64,62 @@ class Action:
 
 
 @dataclass(frozen=True)
+class RecomputeStep:
+    """One re-run of a recomputation: forward op ``op`` runs again; of what it makes, ``keep``
+    stays (the targets, or inputs of later re-runs); afterwards the re-created inputs in
+    ``release`` are freed (this was their last reader)."""
+
+    op: int
+    keep: tuple[int, ...]
+    release: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What the simulator decided for a plan's actions (module docstring).
+
+    ``prefetch``: ``(tensor, op)`` in the order the copies start; the copy back
+    of a swapped ``tensor`` starts while ``op`` runs or right before it.
+    ``recompute``: ``(op, steps)``: the :class:`RecomputeStep` re-runs right
+    before ``op``, in order.  ``max_inflight_d2h_bytes``: the most bytes the
+    simulator had in device-to-host copies at once.
+    """
+
+    prefetch: tuple[tuple[int, int], ...] = ()
+    recompute: tuple[tuple[int, tuple[RecomputeStep, ...]], ...] = ()
+    max_inflight_d2h_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prefetch": [[int(t), int(op)] for t, op in self.prefetch],
+                "recompute": [[int(op), [[int(s.op), [int(x) for x in s.keep], [int(x) for x in s.release]]
+                                         for s in steps]] for op, steps in self.recompute],
+                "max_inflight_d2h_bytes": int(self.max_inflight_d2h_bytes)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Schedule":
+        if not isinstance(d, dict):
+            raise TypeError("schedule is not an object")
+
+        def ints(xs: Any) -> tuple[int, ...]:
+            if not isinstance(xs, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in xs):
+                raise TypeError(f"expected a list of integers, not {xs!r}"[:120])
+            return tuple(xs)
+
+        prefetch = tuple(ints(pair) for pair in d.get("prefetch", []))
+        if any(len(p) != 2 for p in prefetch):
+            raise ValueError("a prefetch entry is not [tensor, op]")
+        recompute = []
+        for entry in d.get("recompute", []):
+            op, steps = entry
+            recompute.append((ints([op])[0], tuple(RecomputeStep(ints([o])[0], ints(k), ints(r))
+                                                   for o, k, r in steps)))
+        inflight = d.get("max_inflight_d2h_bytes", 0)
+        if isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 0:
+            raise ValueError(f"max_inflight_d2h_bytes must be a non-negative integer, not {inflight!r}")
+        return cls(tuple(prefetch), tuple(recompute), inflight)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...]
     memory_limit: int
@@ -61,6 +128,9 @@ class Plan:
     planner: str
     settings: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
+    #: what the simulator decided (prefetch starts, re-runs); None for a plan made by hand or read
+    #: from a version 1 file, until :func:`dqn_swap.simulator.schedule_plan` fills it in
+    schedule: Schedule | None = None
 
     @staticmethod
     def sorted_actions(actions: Iterable[Action]) -> tuple[Action, ...]:
@@ -80,6 +150,7 @@ class Plan:
             "trace_fingerprint": self.trace_fingerprint, "memory_limit": int(self.memory_limit),
             "profile": self.profile, "planner": self.planner, "settings": self.settings,
             "actions": [[a.event, a.tensor, a.kind.name.lower()] for a in self.actions],
+            **({"schedule": self.schedule.to_json()} if self.schedule is not None else {}),
             "figures": self.figures,
         }
 
@@ -96,15 +167,16 @@ class Plan:
     def from_json(cls, d: Any, where: str = "plan") -> "Plan":
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise PlanError(f"{where}: not a dqn-swap plan")
-        if d.get("version") != VERSION:
+        if d.get("version") not in READ_VERSIONS:
             raise PlanError(f"{where}: plan format version {d.get('version')} is not supported "
-                            f"(this dqn-swap reads version {VERSION})")
+                            f"(this dqn-swap reads versions {', '.join(map(str, READ_VERSIONS))})")
         try:
             actions = tuple(Action(int(e), int(t), ActionKind[str(k).upper()]) for e, t, k in d["actions"])
+            schedule = Schedule.from_json(d["schedule"]) if d.get("schedule") is not None else None
             return cls(actions=actions, memory_limit=int(d["memory_limit"]),
                        trace_fingerprint=str(d["trace_fingerprint"]), profile=str(d["profile"]),
                        planner=str(d["planner"]), settings=dict(d.get("settings", {})),
-                       figures=dict(d.get("figures", {})))
+                       figures=dict(d.get("figures", {})), schedule=schedule)
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"{where}: corrupt plan ({type(e).__name__}: {e})") from None
 
@@ -132,3 +204,31 @@ class Plan:
                 raise PlanError(f"{where}: action {a} is outside the trace")
             if trace.event_tensor[a.event] != a.tensor:
                 raise PlanError(f"{where}: action {a}: event {a.event} does not touch tensor {a.tensor}")
+        sched = self.schedule
+        if sched is not None:
+            n_ops, n_t = trace.n_ops, trace.n_tensors
+            swapped = {a.tensor for a in self.actions if a.kind == ActionKind.SWAP}
+            removed = {a.tensor for a in self.actions if a.kind == ActionKind.RECOMPUTE}
+            for t, op in sched.prefetch:
+                if t not in swapped or not 0 <= op < n_ops:
+                    raise PlanError(f"{where}: schedule prefetches tensor {t} at op {op}, which the plan does "
+                                    "not swap or the trace does not have; re-plan with `dqn-swap plan`")
+            for op, steps in sched.recompute:
+                for step in steps:
+                    if (not 0 <= step.op < op < n_ops or any(not 0 <= x < n_t for x in (*step.keep, *step.release))
+                            or any(trace.tensor_alloc_op[x] != step.op for x in step.keep)):
+                        raise PlanError(f"{where}: schedule re-runs op {step.op} before op {op} in a way this "
+                                        "trace does not allow; re-plan with `dqn-swap plan`")
+            targets = {x for _, steps in sched.recompute for s in steps for x in s.keep}
+            if not removed <= targets | _never_reused(trace, removed):
+                raise PlanError(f"{where}: schedule does not re-create every removed tensor; "
+                                "re-plan with `dqn-swap plan`")
+
+    def with_schedule(self, schedule: Schedule | None) -> "Plan":
+        return dataclasses.replace(self, schedule=schedule)
+
+
+def _never_reused(trace: "Trace", tensors: set[int]) -> set[int]:
+    """Tensors of ``tensors`` that nothing reads again after the plan acts (nothing to re-create)."""
+    _, ret = trace.action_window
+    return {t for t in tensors if ret[t] < 0}

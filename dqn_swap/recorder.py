@@ -17,7 +17,19 @@ malloc / write / read / free).  For each op it records:
 * FLOPs from :data:`torch.utils.flop_counter.flop_registry`, bytes moved,
   phase, module path (:class:`torch.utils.module_tracker.ModuleTracker`),
   and the op's duration: the device profile's roofline, or on CUDA the median
-  of CUDA-event timings over several iterations.
+  of CUDA-event timings over several iterations;
+* the kernel's **scratch memory**, what it allocates for itself above its
+  outputs and frees before it returns: on the CPU from the allocator's
+  timeline (:class:`dqn_swap.meter.AllocatorTimeline`, a marker around every
+  op), on CUDA from the allocator's peak statistics reset before every op, on
+  ``meta`` estimated (:func:`dqn_swap.ops.estimate_scratch`);
+* for every pack of a saved tensor, how many ops ran before it (the
+  runtime's anchors, :attr:`Trace.saved_op`).
+
+On cpu and cuda the recorder also watches every op that reads a module
+buffer: one that changes it without its schema saying so (as the batch-norm
+family does with its running statistics, :mod:`dqn_swap.ops`) is listed in
+``trace.meta["unannotated_writes"]``, so that recomputation protects it.
 
 Pure view ops (``view``, ``t``, ``detach`` ...) touch no memory and are not
 recorded as ops.  Views share their base storage, so a tensor in the trace is
@@ -33,6 +45,7 @@ ResNet-1001 at batch 256 records on a laptop; only data-dependent ops
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import weakref
@@ -48,6 +61,8 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from .meter import AllocatorTimeline
+from .ops import UNANNOTATED_WRITES, estimate_scratch, op_name
 from .trace import Phase, Role, Trace, TraceBuilder
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -74,12 +89,21 @@ def _mutated_args(func: torch._ops.OpOverload) -> tuple[int, ...]:
 class _Recorder(TorchDispatchMode):
     """Dispatch mode turning aten ops into trace events."""
 
-    def __init__(self, builder: TraceBuilder, device: torch.device, time_ops: bool) -> None:
+    def __init__(self, builder: TraceBuilder, device: torch.device, time_ops: bool, measure_scratch: bool) -> None:
         super().__init__()
         self.b = builder
         self.device_type = device.type
+        self.device = device
         self.block = _CUDA_BLOCK if device.type == "cuda" else 1
         self.time_ops = time_ops
+        # Scratch: measured on cpu (timeline marks, read after the iteration) and cuda (peak
+        # statistics around every op) when ``measure_scratch``; estimated on meta.
+        self.measure_scratch = measure_scratch and device.type in ("cpu", "cuda")
+        self.dispatched = 0  # ops seen, recorded or not (the timeline's marks are numbered by it)
+        self.marked: list[tuple[int, int, int]] = []  # (dispatch index, trace op, bytes of new outputs)
+        self.buffers: set[int] = set()  # storage keys of module buffers (watched for unannotated writes)
+        self.unannotated: dict[str, set[str]] = {}
+        self.iteration_peak = 0  # cuda: the allocator's peak over the iteration (its statistics are reset per op)
         self.phase = Phase.FORWARD
         self.tracker: ModuleTracker | None = None
         self.live: dict[int, int] = {}  # storage key -> tensor id of the live storage
@@ -152,19 +176,53 @@ class _Recorder(TorchDispatchMode):
         deepest = max(names, key=lambda p: p.count("."))
         return deepest.split(".", 1)[1] if "." in deepest else ""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def watched_buffers(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor,
+                                                                                                  torch.Tensor]]:
+        """Copies of the module buffers ``func`` reads and its schema does not say it writes."""
+        if not self.buffers or func.is_view:
+            return []
+        if func not in self.mutates:
+            self.mutates[func] = _mutated_args(func)
+        known = set(UNANNOTATED_WRITES.get(op_name(func), ()))
+        out = []
+        for i, a in enumerate(func._schema.arguments):
+            x = args[i] if i < len(args) else kwargs.get(a.name)
+            if (isinstance(x, torch.Tensor) and i not in self.mutates[func] and a.name not in known
+                    and x.device.type == self.device_type and x.untyped_storage()._cdata in self.buffers):
+                out.append((a.name, x, x.clone()))
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, C901
         kwargs = kwargs or {}
         inputs = self.on_device((args, kwargs))
+        watched = self.watched_buffers(func, args, kwargs) if self.measure_scratch else []
+        d = self.dispatched
+        self.dispatched += 1
+        cuda_peak = self.measure_scratch and self.device_type == "cuda"
+        if cuda_peak:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
         if self.time_ops:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         try:
-            out = func(*args, **kwargs)
+            if self.measure_scratch and self.device_type == "cpu":
+                with AllocatorTimeline.mark(str(d)):
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
         except Exception as e:
             self.error_op = f"{func} in {self.module_path() or 'the model'} ({self.phase.name.lower()})"
             raise RecordingError(f"{self.error_op} failed: {type(e).__name__}: {e}") from e
         if self.time_ops:
             end.record()
+        if cuda_peak:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.iteration_peak = max(self.iteration_peak, int(peak))
+            peak_during = peak - before
+        for arg_name, x, copy_before in watched:
+            if not torch.equal(x, copy_before):  # written without a schema annotation
+                self.unannotated.setdefault(op_name(func), set()).add(arg_name)
         outputs = self.on_device(out)
         if not inputs and not outputs:  # host-side bookkeeping (optimizer step counters)
             return out
@@ -188,11 +246,26 @@ class _Recorder(TorchDispatchMode):
         if packet in flop_registry:
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
         moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
-        self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
-                  flops=flops, bytes_moved=moved, module=self.module_path())
+        new_bytes = sum(self.b.t_nbytes[t] for t in fresh)
+        if cuda_peak:
+            scratch = max(0, int(peak_during) - new_bytes)
+        elif self.device_type == "meta":
+            scratch = estimate_scratch(func, args, kwargs, out)
+        else:
+            scratch = 0  # cpu: read from the timeline after the iteration (:meth:`scratch_from`)
+        i = self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
+                      flops=flops, bytes_moved=moved, module=self.module_path(), scratch=scratch)
+        if self.measure_scratch and self.device_type == "cpu":
+            self.marked.append((d, i, new_bytes))
         if self.time_ops:
             self.events.append((start, end))
         return out
+
+    def scratch_from(self, timeline: AllocatorTimeline) -> None:
+        """Each op's scratch on the CPU: its allocations' peak above the bytes of its new outputs."""
+        for d, i, new_bytes in self.marked:
+            if str(d) in timeline.marks:
+                self.b.scratch[i] = max(0, timeline.window(str(d)).peak - new_bytes)
 
     # -------------------------------------------------- saved-tensor hooks
     def pack(self, t: torch.Tensor) -> "_Saved | torch.Tensor":
@@ -208,6 +281,20 @@ class _Recorder(TorchDispatchMode):
     @staticmethod
     def unpack(holder: "_Saved | torch.Tensor") -> torch.Tensor:
         return holder.tensor if isinstance(holder, _Saved) else holder
+
+
+# Data-parallel wrappers: their forward only hands over to the wrapped module, whose calls count.
+_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
+class _Removing:
+    """Removes a hook handle on ``close()``."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def close(self) -> None:
+        self.handle.remove()
 
 
 class _Saved:
@@ -239,8 +326,14 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
         if opt is not None:
             opt.step()
         return
+    def module_call(module: torch.nn.Module, args: Any) -> None:
+        # Where a module's forward begins no op is under way: the runtime's anchors.
+        if recorder.active and recorder.phase == Phase.FORWARD and not isinstance(module, _WRAPPERS):
+            recorder.b.mark_module_call()
+
+    calls = torch.nn.modules.module.register_module_forward_pre_hook(module_call)
     with ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
-            recorder.pack, recorder.unpack):
+            recorder.pack, recorder.unpack), contextlib.closing(_Removing(calls)):
         recorder.tracker = tracker
         recorder.phase = Phase.FORWARD
         out = model(*inputs)
@@ -309,16 +402,20 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     runs = iterations if time_ops else 1
     durations: list[np.ndarray] = []
     recorder = None
+    timeline = None
     t0 = time.perf_counter()
-    for _ in range(runs):
+    for run in range(runs):
         builder = TraceBuilder()
-        recorder = _Recorder(builder, device, time_ops)
+        last = run == runs - 1  # the kept iteration: its scratch is measured
+        recorder = _Recorder(builder, device, time_ops, measure_scratch=last)
         _register_state(recorder, model, opt, example_inputs)
         if time_ops:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
+        timeline = AllocatorTimeline() if last and device.type == "cpu" else contextlib.nullcontext()
         try:
-            _iteration(model, example_inputs, loss_fn, opt, recorder)
+            with timeline:
+                _iteration(model, example_inputs, loss_fn, opt, recorder)
         except RecordingError:
             raise
         except Exception as e:
@@ -329,19 +426,22 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             durations.append(np.array([s.elapsed_time(e) * 1e-3 for s, e in recorder.events]))
     recorder.active = False  # tensors dying after the iteration are not part of it
     assert recorder is not None
+    if isinstance(timeline, AllocatorTimeline):
+        recorder.scratch_from(timeline)
     b = recorder.b
     record_seconds = time.perf_counter() - t0
     trace_meta = {"device": device.type, "profile": profile.name, "profile_params": profile.to_dict(),
-                  "recorded_iterations": runs,
+                  "recorded_iterations": runs, "scratch": "estimated" if device.type == "meta" else "measured",
                   "record_seconds": record_seconds, "torch": torch.__version__, **(meta or {})}
+    if recorder.unannotated:
+        trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
     trace = b.build(trace_meta)
     if time_ops:
         if len({len(d) for d in durations}) == 1:
             measured = np.median(np.stack(durations), axis=0)
         else:  # the graph changed between iterations (stochastic depth): keep the last one's times
             measured = durations[-1]
-        trace = trace.with_durations(measured, timing="cuda-events",
-                                     max_memory_allocated=int(torch.cuda.max_memory_allocated(device)))
+        trace = trace.with_durations(measured, timing="cuda-events", max_memory_allocated=recorder.iteration_peak)
     else:
         trace = trace.with_durations(profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
                                      timing="roofline")
@@ -353,6 +453,7 @@ def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.opti
     """Declare the storages alive before the iteration, with their roles."""
     for p in recorder.on_device([*model.parameters(), *model.buffers()]):
         recorder.tid_of(p, Role.PARAMETER)
+    recorder.buffers = {b.untyped_storage()._cdata for b in recorder.on_device(list(model.buffers()))}
     if opt is not None:
         for state in opt.state.values():
             for t in recorder.on_device(state):

@@ -156,7 +156,7 @@ import numpy as np
 
 from .cost import DeviceProfile, profile_of
 from .lower_bound import lower_bound
-from .plan import Action, ActionKind, Plan
+from .plan import Action, ActionKind, Plan, RecomputeStep, Schedule
 from .trace import MOVABLE_ROLES, EventKind, Phase, Role, Trace, format_bytes
 
 STALL_CAUSES = ("swap_out", "prefetch", "recompute")
@@ -208,7 +208,9 @@ class SimResult:
     several points may share a time), only with ``run(..., timeline=True)``;
     ``ignored_actions``: duplicate actions on an already acted-on tensor;
     ``memory_need``: bytes each op needs under the plan if every swap-out
-    completed at once (int64 per op, see :meth:`Simulator.memory_need`).
+    completed at once (int64 per op, see :meth:`Simulator.memory_need`);
+    ``schedule``: the prefetch starts and re-runs decided (a plan's
+    :class:`~dqn_swap.plan.Schedule`; complete when the plan is feasible).
     """
 
     feasible: bool
@@ -230,6 +232,7 @@ class SimResult:
     ignored_actions: tuple[Action, ...] = ()
     recompute_ops: tuple[int, ...] = ()
     memory_need: np.ndarray | None = field(default=None, repr=False, compare=False)
+    schedule: Schedule | None = field(default=None, repr=False, compare=False)
 
     def figures(self) -> dict[str, Any]:
         """JSON-friendly scalar figures (plan files, ``--json``); non-finite floats become ``None``."""
@@ -275,8 +278,9 @@ class _Stuck(Exception):
         self.op, self.needed, self.available, self.reason, self.time = op, needed, available, reason, time
 
 
-# One recompute step: (op, duration, bytes allocated, bytes released after, swapped inputs to wait for).
-_Step = tuple[int, float, int, int, tuple[int, ...]]
+# One recompute step: (op, duration, bytes allocated, kernel scratch, bytes released after,
+# swapped inputs to wait for).
+_Step = tuple[int, float, int, int, int, tuple[int, ...]]
 
 
 @dataclass
@@ -288,6 +292,8 @@ class _Prepared:
     next_use: dict[int, int]  # swapped tensor -> op of its effective next use
     need: np.ndarray  # int64 per op: requirement under the plan (admission rule's need[j])
     ignored: list[Action] = field(default_factory=list)
+    # op n -> the re-runs before it: (producer op, outputs kept, transient inputs released after)
+    sequences: dict[int, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]] = field(default_factory=dict)
 
 
 class Simulator:
@@ -314,7 +320,8 @@ class Simulator:
         fre = np.bincount(eop[is_free], weights=nbytes[ete[is_free]], minlength=n_ops).astype(np.int64)
         self._initial = int(trace.initial_bytes)
         after = self._initial + np.cumsum(mal - fre)
-        self.op_memory = after + fre  # bytes allocated while op k runs, no plan (== trace.op_memory)
+        # bytes allocated while op k runs, its kernel's scratch included, no plan (== trace.op_memory)
+        self.op_memory = after + fre + trace.op_scratch.astype(np.int64)
 
         # Next op after each event's op that reads or writes the event's tensor (-1: none).
         stride = n_ops + 1
@@ -325,8 +332,11 @@ class Simulator:
         same = (idx < len(ukeys)) & (cand // stride == ete)
         self.event_next_use = np.where(same, cand % stride, -1).astype(np.int64)
 
-        role_ok = np.isin(trace.tensor_role, _ACTIONABLE_ROLES)
-        can_swap = is_use & role_ok[ete] & (self.event_next_use >= 0)
+        # A plan acts on a saved activation right after its last forward use (Trace.action_window):
+        # the runtime moves tensors through autograd's saved-tensor hooks, and the forward code holds
+        # a tensor until its last forward use.
+        action_op, _ = trace.action_window
+        can_swap = is_use & (action_op[ete] >= 0) & (eop == action_op[ete]) & (self.event_next_use >= 0)
         self._rec_limit = self._recompute_limits(kind, eop, ete, alloc, free,
                                                  np.isin(trace.tensor_role, _RECOMPUTABLE_INPUT_ROLES))
         can_rec = can_swap & (self.event_next_use <= self._rec_limit[ete])
@@ -343,6 +353,7 @@ class Simulator:
         self._alloc = alloc.tolist()
         self._free = free.tolist()
         self._mal = mal.tolist()
+        self._scr = trace.op_scratch.astype(np.int64).tolist()
         self._fre = fre.tolist()
         self._dur = trace.op_duration.tolist()
         self._oend = (trace.op_start + trace.op_duration).tolist()
@@ -461,6 +472,12 @@ class Simulator:
             return f"{where}: it is a {role.name.lower()} (only activations saved for backward move)"
         if self._ev_next[e] < 0:
             return f"{where}: it is not used again"
+        action_op = int(trace.action_window[0][t])
+        if action_op < 0:
+            return f"{where}: it has no forward use a plan could act after"
+        if self._ev_op[e] != action_op:
+            return (f"{where}: a plan acts on a saved activation only after its last forward use, "
+                    f"{trace.op_label(action_op)}")
         p = self._alloc[t]
         if p < 0:
             return f"{where}: it existed before the iteration, nothing can recompute it"
@@ -505,6 +522,8 @@ class Simulator:
             issues.setdefault(i, []).append((t, not k))
 
         next_use = {t: n for t, (_, n) in swapped.items()}
+        scr = self._scr
+        sequences: dict[int, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]] = {}
         steps_at: dict[int, tuple[_Step, ...]] = {}
         extra_need: dict[int, int] = {}  # op -> peak of its recompute sequence above what stays resident
         target_bytes: dict[int, int] = {}
@@ -542,21 +561,28 @@ class Simulator:
                                 if n < next_use[y]:
                                     next_use[y] = n
                 freed_after: dict[int, int] = {}
+                released_by: dict[int, list[int]] = {}
                 for y, p in last_reader.items():
                     freed_after[p] = freed_after.get(p, 0) + nbytes[y]
+                    released_by.setdefault(p, []).append(y)
                 kept: dict[int, int] = {}
+                kept_by: dict[int, list[int]] = {}
                 for x in need_set:
                     kept[alloc[x]] = kept.get(alloc[x], 0) + nbytes[x]
+                    kept_by.setdefault(alloc[x], []).append(x)
                 cur = peak = 0
                 steps = []
+                sequence = []
                 for p in ops:
                     cur += mal[p]
-                    if cur > peak:
-                        peak = cur
+                    if cur + scr[p] > peak:
+                        peak = cur + scr[p]
                     release = mal[p] - kept[p] + freed_after.get(p, 0)
                     cur -= release
-                    steps.append((p, dur[p], mal[p], release, tuple(leaves_of.get(p, ()))))
+                    steps.append((p, dur[p], mal[p], scr[p], release, tuple(leaves_of.get(p, ()))))
+                    sequence.append((p, tuple(sorted(kept_by[p])), tuple(sorted(released_by.get(p, ())))))
                 steps_at[n] = tuple(steps)
+                sequences[n] = tuple(sequence)
                 extra_need[n] = peak
                 target_bytes[n] = sum(nbytes[x] for x in tg)
 
@@ -582,15 +608,33 @@ class Simulator:
         else:
             need = self.op_memory.copy()
         for n, extra in extra_need.items():
-            before = int(need[n]) - mal[n] - target_bytes[n]
+            before = int(need[n]) - mal[n] - scr[n] - target_bytes[n]
             if before + extra > need[n]:
                 need[n] = before + extra
-        return _Prepared(issues, special, next_use, need, ignored)
+        return _Prepared(issues, special, next_use, need, ignored, sequences)
 
     def memory_need(self, actions: Iterable[Action] = ()) -> np.ndarray:
         """Bytes each op needs under ``actions`` if every swap-out completed at once
         (int64 per op; the admission rule's ``need``, a lower bound on what :meth:`run` sees)."""
         return self._prepare(actions).need
+
+    def instant_copy_memory(self, actions: Iterable[Action], schedule: Schedule) -> np.ndarray:
+        """Bytes allocated at each op when ``schedule`` is followed with copies that take no time.
+
+        What a synchronous runtime (the CPU) holds: a swapped tensor leaves when
+        its action's op ends and is back from the op at which the schedule
+        starts its prefetch until it dies, a removed tensor is away until the
+        re-runs before its next use.  It is :meth:`memory_need` plus every
+        prefetch counted from its start: the simulator's own curve with the
+        swap-out delays taken away.  int64 per op.
+        """
+        prep = self._prepare(actions)
+        mem = prep.need.copy()
+        for tensor, op in schedule.prefetch:
+            use = prep.next_use.get(tensor)
+            if use is not None and use > op:
+                mem[op:use] += self._nbytes[tensor]
+        return mem
 
     # ------------------------------------------------------------------ run
     def run(self, actions: Iterable[Action] = (), *, timeline: bool = False,
@@ -613,7 +657,7 @@ class Simulator:
         INF = math.inf
         limit = self.memory_limit
         nbytes, tt_d2h, tt_h2d = self._nbytes, self._tt_d2h, self._tt_h2d
-        dur, mal, fre, phase = self._dur, self._mal, self._fre, self._phase
+        dur, mal, fre, phase, scr = self._dur, self._mal, self._fre, self._phase, self._scr
         n_ops = self._n_ops
         BIG = n_ops + 1
         duplex = self.profile.duplex
@@ -644,6 +688,9 @@ class Simulator:
         st_swap = st_pf = st_rec = 0.0
         ph_stall = [0.0, 0.0, 0.0]
         recompute_ops: list[int] = []
+        running = 0  # scratch of the op (or re-run) on the compute stream now
+        max_pending = 0  # most bytes in D2H copies at once
+        prefetch_log: list[tuple[int, int]] = []  # (tensor, op running or next) per H2D start
         tl_t: list[float] | None = [0.0] if want_timeline else None
         tl_b: list[int] = [mem]
 
@@ -672,7 +719,7 @@ class Simulator:
                         pf_time, nxt = INF, td
                         pf_gate = n - int(sm_rev.searchsorted(thr, "right"))
                         return
-                if mem + y > limit:  # must fit now (implied by the rule when n > k0)
+                if mem + running + y > limit:  # must fit now (implied by the rule when n > k0)
                     pf_time, pf_gate, nxt = INF, k0 + 1, td
                     return
                 if t < h2d_free:
@@ -692,8 +739,9 @@ class Simulator:
             n, y_t = heapq.heappop(heap)
             y = nbytes[y_t]
             mem += y
-            if mem > peak:
-                peak, peak_op = mem, k0
+            if mem + running > peak:
+                peak, peak_op = mem + running, k0
+            prefetch_log.append((y_t, k0))
             e = st + tt_h2d[y_t]
             h2d_end[y_t] = e
             h2d_free = e
@@ -704,7 +752,7 @@ class Simulator:
                 need_arr[k0:n] += y  # early: counts against every op before its use
                 version += 1
             if tl_t is not None:
-                tl_t.append(st), tl_b.append(mem)
+                tl_t.append(st), tl_b.append(mem + running)
 
         def advance(T: float, k0: int, incl: bool) -> None:
             """Process copy events before ``T`` (or at ``T`` if ``incl``); ``k0``: running or next op."""
@@ -719,13 +767,13 @@ class Simulator:
                     mem -= s
                     pending -= s
                     if tl_t is not None:
-                        tl_t.append(td), tl_b.append(mem)
+                        tl_t.append(td), tl_b.append(mem + running)
                     eval_head(k0, td)
                 else:
                     tp = pf_time
                     if tp > T or (tp == T and not incl):
                         return
-                    if mem + nbytes[heap[0][1]] <= limit:
+                    if mem + running + nbytes[heap[0][1]] <= limit:
                         start_head(k0, tp)
                     eval_head(k0, tp)
 
@@ -803,23 +851,24 @@ class Simulator:
                 here = todo[k]
                 sp = here[0] if here is not None else None
                 if sp is not None:
-                    for p, d, amount, release, leaves in sp[0]:
+                    for p, d, amount, scratch, release, leaves in sp[0]:
                         for y_t in leaves:
                             t2 = wait_prefetch(y_t, k, t)
                             if t2 > t:
                                 st_pf += t2 - t
                                 ph_stall[phase[k]] += t2 - t
                                 t = t2
-                        if mem + amount > limit:
-                            t2 = wait_memory(amount, k, t, f"recomputing with {self.trace.op_label(p)}")
+                        if mem + amount + scratch > limit:
+                            t2 = wait_memory(amount + scratch, k, t, f"recomputing with {self.trace.op_label(p)}")
                             st_swap += t2 - t
                             ph_stall[phase[k]] += t2 - t
                             t = t2
                         mem += amount
-                        if mem > peak:
-                            peak, peak_op = mem, k
+                        running = scratch  # the re-run's own scratch, until it ends
+                        if mem + scratch > peak:
+                            peak, peak_op = mem + scratch, k
                         if tl_t is not None:
-                            tl_t.append(t), tl_b.append(mem)
+                            tl_t.append(t), tl_b.append(mem + running)
                         t2 = t + d
                         if nxt < t2:
                             advance(t2, k, False)
@@ -827,6 +876,7 @@ class Simulator:
                         ph_stall[phase[k]] += d
                         recompute_ops.append(p)
                         t = t2
+                        running = 0
                         mem -= release
                         if tl_t is not None:
                             tl_t.append(t), tl_b.append(mem)
@@ -838,20 +888,24 @@ class Simulator:
                             ph_stall[phase[k]] += t2 - t
                             t = t2
                 m = mem + mal[k]
-                if m > limit:
-                    t2 = wait_memory(mal[k], k, t, "allocating its outputs")
+                scratch = scr[k]
+                if m + scratch > limit:
+                    t2 = wait_memory(mal[k] + scratch, k, t,
+                                     "allocating its outputs and scratch" if scratch else "allocating its outputs")
                     st_swap += t2 - t
                     ph_stall[phase[k]] += t2 - t
                     t = t2
                     m = mem + mal[k]
                 mem = m
-                if m > peak:
-                    peak, peak_op = m, k
+                running = scratch  # the kernel's scratch, until the op ends
+                if m + scratch > peak:
+                    peak, peak_op = m + scratch, k
                 te = t + dur[k]
                 if tl_t is not None:
-                    tl_t.append(t), tl_b.append(mem)
+                    tl_t.append(t), tl_b.append(mem + running)
                 if nxt < te:
                     advance(te, k, False)
+                running = 0
                 mem -= fre[k]
                 iss = here[1] if here is not None else None
                 if iss is not None:
@@ -868,6 +922,8 @@ class Simulator:
                             d2h_q.append((e, x))
                             d2h_end[x] = e
                             pending += s
+                            if pending > max_pending:
+                                max_pending = pending
                             bytes_d2h += s
                             heapq.heappush(heap, (next_use[x], x))
                         else:
@@ -880,22 +936,29 @@ class Simulator:
             return self._result(False, stuck.time, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                                 bytes_d2h, bytes_h2d, peak, peak_op, prep,
                                 Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
-                                tl_t, tl_b)
+                                tl_t, tl_b, prefetch_log=prefetch_log, max_pending=max_pending)
         makespan = self.compute_time + (t - self._oend[-1]) if n_ops else 0.0
         if first_stuck:  # overcommit mode: the whole iteration, but it did not fit
             stuck = first_stuck[0]
             return self._result(False, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                                 bytes_d2h, bytes_h2d, peak, peak_op, prep,
                                 Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
-                                tl_t, tl_b, whole=True)
+                                tl_t, tl_b, whole=True, prefetch_log=prefetch_log, max_pending=max_pending)
         return self._result(True, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
-                            bytes_d2h, bytes_h2d, peak, peak_op, prep, None, tl_t, tl_b)
+                            bytes_d2h, bytes_h2d, peak, peak_op, prep, None, tl_t, tl_b,
+                            prefetch_log=prefetch_log, max_pending=max_pending)
 
     def _result(self, feasible: bool, makespan: float, st_swap: float, st_pf: float, st_rec: float,
                 ph_stall: list[float], recompute_ops: list[int], bytes_d2h: int, bytes_h2d: int,
                 peak: int, peak_op: int, prep: _Prepared, infeasible: Infeasibility | None,
-                tl_t: list[float] | None, tl_b: list[int], whole: bool = False) -> SimResult:
+                tl_t: list[float] | None, tl_b: list[int], whole: bool = False,
+                prefetch_log: list[tuple[int, int]] | None = None, max_pending: int = 0) -> SimResult:
         T = self.compute_time
+        schedule = Schedule(
+            prefetch=tuple(prefetch_log or ()),
+            recompute=tuple((n, tuple(RecomputeStep(p, keep, release) for p, keep, release in steps))
+                            for n, steps in sorted(prep.sequences.items())),
+            max_inflight_d2h_bytes=int(max_pending))
         lb = self.lower_bound
         timeline = None
         if tl_t is not None:
@@ -920,7 +983,16 @@ class Simulator:
             peak_bytes=peak, peak_op=peak_op, memory_limit=self.memory_limit,
             lower_bound=lb, makespan_over_lower_bound=ratio,
             infeasible=infeasible, timeline=timeline, ignored_actions=tuple(prep.ignored),
-            recompute_ops=tuple(recompute_ops), memory_need=prep.need)
+            recompute_ops=tuple(recompute_ops), memory_need=prep.need, schedule=schedule)
+
+
+def schedule_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None = None) -> Plan:
+    """``plan`` with the :class:`~dqn_swap.plan.Schedule` the simulator decides for it (unchanged if
+    it has one): what a version 1 plan file or a plan made by hand lacks for the runtime."""
+    if plan.schedule is not None:
+        return plan
+    result = simulate(trace, plan, profile=profile)
+    return plan.with_schedule(result.schedule)
 
 
 def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limit: int | None = None,

@@ -22,13 +22,27 @@ three column tables, so that 200k events load and simulate quickly:
 
 A separate table ``saved`` lists, in packing order, the tensor packed by every
 ``pack_hook`` call of ``torch.autograd.graph.saved_tensors_hooks``; the runtime
-uses that order to find the same tensor in a live iteration.
+uses that order to find the same tensor in a live iteration.  Beside it,
+``saved_op`` gives, for every pack, how many ops had run when it happened (the
+runtime knows there how far the forward pass has come), and ``module_call_op``
+gives, for every call of a module's ``forward`` in the forward pass, how many
+ops had run when it began: the points where no op is under way, at which the
+runtime starts numbering ops, so that it only watches the ops a plan re-runs.
 
-File format (``.trace``, version 1): a NumPy ``.npz`` archive (zip), loaded
+``op_scratch`` is the memory a kernel allocates for itself while it runs and
+frees before it returns (workspaces, format conversions, im2col buffers): bytes
+above its inputs and outputs at the op's own peak.  The recorder measures it
+on cpu (the allocator's timeline) and cuda (the allocator's peak statistics)
+and estimates it on meta (:mod:`dqn_swap.scratch`).  :attr:`Trace.op_memory`,
+and with it every peak, limit and plan, includes it.
+
+File format (``.trace``, version 2): a NumPy ``.npz`` archive (zip), loaded
 with ``allow_pickle=False``, so a trace received from elsewhere cannot run
 code.  It holds the column arrays named in :data:`_ARRAYS` and ``meta``, a
 UTF-8 JSON document (format, version, op and module name tables, recording
-details).  Any other version is refused.
+details).  Version 1 files (without ``op_scratch``, ``saved_op`` and
+``module_call_op``) are read with no scratch and no anchors; any other version
+is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +60,9 @@ from typing import Any
 import numpy as np
 
 FORMAT = "dqn-swap-trace"
-VERSION = 1
+VERSION = 2
+#: Versions :meth:`Trace.load` reads (version 1 lacks the optional columns of version 2).
+READ_VERSIONS = (1, 2)
 
 
 class EventKind(enum.IntEnum):
@@ -98,6 +114,14 @@ _ARRAYS: dict[str, np.dtype] = {
     "event_tensor": np.dtype(np.int32),
     "saved": np.dtype(np.int32),
 }
+# Columns added in version 2, with the value meaning "unknown" in older files: kernel scratch
+# bytes per op (0) and the number of ops recorded before each pack (-1).  They enter the
+# fingerprint only when they carry information, so version 1 traces keep their fingerprint.
+_OPTIONAL: dict[str, tuple[np.dtype, int, str]] = {
+    "op_scratch": (np.dtype(np.int64), 0, "op_"),
+    "saved_op": (np.dtype(np.int32), -1, "saved"),
+    "module_call_op": (np.dtype(np.int32), -1, ""),  # its own length (empty when unknown)
+}
 
 
 @dataclass(eq=False)
@@ -119,6 +143,9 @@ class Trace:
     event_op: np.ndarray
     event_tensor: np.ndarray
     saved: np.ndarray
+    op_scratch: np.ndarray | None = None
+    saved_op: np.ndarray | None = None
+    module_call_op: np.ndarray | None = None
     op_names: list[str] = field(default_factory=list)
     module_names: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -126,6 +153,11 @@ class Trace:
     def __post_init__(self) -> None:
         for name, dtype in _ARRAYS.items():
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
+        for name, (dtype, missing, rows) in _OPTIONAL.items():
+            n = len(self.op_name) if rows == "op_" else len(self.saved) if rows == "saved" else 0
+            value = getattr(self, name)
+            value = np.full(n, missing, dtype=dtype) if value is None else value
+            setattr(self, name, np.ascontiguousarray(value, dtype=dtype))
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -175,7 +207,8 @@ class Trace:
 
     @cached_property
     def op_memory(self) -> np.ndarray:
-        """Peak bytes allocated while each op runs (inputs and outputs both alive)."""
+        """Peak bytes allocated while each op runs: inputs and outputs both alive, plus the
+        kernel's own scratch (``op_scratch``)."""
         mem = self.memory_after_event
         peak = np.full(self.n_ops, self.initial_bytes, dtype=np.int64)
         # Frees are the last events of an op; the peak of the op is before them.
@@ -185,7 +218,9 @@ class Trace:
         before = np.concatenate([[self.initial_bytes], mem])
         first = np.searchsorted(self.event_op, np.arange(self.n_ops), side="left")
         np.maximum(peak, before[first], out=peak)
-        return peak
+        # Mallocs come first within an op, so ``peak`` is what is allocated once its outputs are;
+        # the kernel's scratch sits on top of that while it runs.
+        return peak + self.op_scratch
 
     @property
     def peak_bytes(self) -> int:
@@ -215,28 +250,52 @@ class Trace:
         return ws
 
     @cached_property
+    def action_window(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where a plan may keep each tensor off the device: ``(action_op, return_op)`` per tensor.
+
+        A plan acts on a saved activation (:data:`MOVABLE_ROLES`) right after
+        its last forward use ``action_op`` -- the runtime moves tensors through
+        autograd's saved-tensor hooks, and forward code holds a tensor until its
+        last forward use -- and must have it back for ``return_op``, its first use
+        after that (in backward).  Both are ``-1`` for a tensor no plan can move
+        (another role, no forward use, or never used again).
+        """
+        n_t = self.n_tensors
+        action = np.full(n_t, -1, dtype=np.int64)
+        ret = np.full(n_t, -1, dtype=np.int64)
+        use = self.event_kind != EventKind.FREE
+        fwd = use & (self.op_phase[self.event_op] == Phase.FORWARD)
+        np.maximum.at(action, self.event_tensor[fwd], self.event_op[fwd].astype(np.int64))
+        # First use after the last forward use: uses sorted by (tensor, op), the next one per tensor.
+        t, op = self.event_tensor[use].astype(np.int64), self.event_op[use].astype(np.int64)
+        order = np.lexsort((op, t))
+        t, op = t[order], op[order]
+        after = op > action[t]
+        first = np.flatnonzero(after & np.concatenate([[True], ~(after[:-1] & (t[1:] == t[:-1]))]))
+        ret[t[first]] = op[first]
+        movable = np.isin(self.tensor_role, MOVABLE_ROLES) & (action >= 0) & (ret >= 0)
+        return np.where(movable, action, -1), np.where(movable, ret, -1)
+
+    @cached_property
     def minimum_memory(self) -> int:
         """A lower bound on the memory any plan needs: the 0% of percentage limits.
 
-        A plan can keep a saved activation away from the device only between two
-        of its uses (offloaded or removed after one, back for the next).  So
-        during op ``j`` at least ``op_memory[j]`` minus the saved activations
-        that are between two uses at ``j`` (neither used by ``j``) stays
-        allocated, whatever the plan; the bound is the largest such amount.  It
-        includes every op's whole working set and the persistent state
-        (parameters, gradients, optimizer state, inputs, temporaries).
+        A plan can keep a saved activation away from the device only inside its
+        :attr:`action_window`: after its last forward use, until its first use
+        after that.  So during op ``j`` at least ``op_memory[j]`` minus the saved
+        activations whose window strictly contains ``j`` stays allocated,
+        whatever the plan; the bound is the largest such amount.  It includes
+        every op's whole working set, its kernels' scratch and the persistent
+        state (parameters, gradients, optimizer state, inputs, temporaries).
         """
         if self.n_ops == 0:
             return self.initial_bytes
-        ev = self.event_kind != EventKind.FREE
-        saved = np.isin(self.tensor_role, MOVABLE_ROLES)[self.event_tensor]
-        pairs = np.unique(np.stack([self.event_tensor[ev & saved], self.event_op[ev & saved]]), axis=1)
-        t, op = pairs  # (tensor, op) of every use of a saved activation, by tensor then op
-        nxt = np.flatnonzero((t[1:] == t[:-1]) & (op[1:] > op[:-1] + 1))  # gaps with ops between uses
+        action, ret = self.action_window
+        gap = np.flatnonzero(ret > action + 1)  # an op runs while the tensor is away
         away = np.zeros(self.n_ops + 1, dtype=np.int64)
-        size = self.tensor_nbytes[t[nxt]]
-        np.add.at(away, op[nxt] + 1, size)
-        np.add.at(away, op[nxt + 1], -size)
+        size = self.tensor_nbytes[gap]
+        np.add.at(away, action[gap] + 1, size)
+        np.add.at(away, ret[gap], -size)
         return int((self.op_memory - np.cumsum(away)[:-1]).max())
 
     @cached_property
@@ -251,6 +310,11 @@ class Trace:
         for name in _ARRAYS:
             h.update(name.encode())
             h.update(getattr(self, name).tobytes())
+        for name, (_, missing, _) in _OPTIONAL.items():
+            value = getattr(self, name)
+            if len(value) and np.any(value != missing):  # absent (version 1) and "unknown" hash alike
+                h.update(name.encode())
+                h.update(value.tobytes())
         h.update(json.dumps([self.op_names, self.module_names]).encode())
         return h.hexdigest()[:16]
 
@@ -261,10 +325,17 @@ class Trace:
 
     def with_durations(self, durations: np.ndarray, **meta: Any) -> "Trace":
         """The same trace with other op durations (another device profile)."""
-        arrays = {name: getattr(self, name) for name in _ARRAYS}
-        arrays["op_duration"] = np.asarray(durations, dtype=np.float64)
-        return Trace(**arrays, op_names=self.op_names, module_names=self.module_names,
-                     meta={**self.meta, **meta})
+        return self.replace(op_duration=np.asarray(durations, dtype=np.float64), meta={**self.meta, **meta})
+
+    def replace(self, **columns: Any) -> "Trace":
+        """A copy with some columns (or ``meta``, ``op_names``, ``module_names``) replaced."""
+        fields = {name: getattr(self, name) for name in (*_ARRAYS, *_OPTIONAL)}
+        fields.update(op_names=self.op_names, module_names=self.module_names, meta=self.meta)
+        unknown = set(columns) - set(fields)
+        if unknown:
+            raise TypeError(f"Trace has no column {sorted(unknown)[0]!r}")
+        fields.update(columns)
+        return Trace(**fields)
 
     # ----------------------------------------------------------------- files
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -277,7 +348,7 @@ class Trace:
         meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
-            np.savez_compressed(f, meta=meta_bytes, **{n: getattr(self, n) for n in _ARRAYS})
+            np.savez_compressed(f, meta=meta_bytes, **{n: getattr(self, n) for n in (*_ARRAYS, *_OPTIONAL)})
         os.replace(tmp, path)  # never leave a half-written trace under the real name
         return path
 
@@ -296,13 +367,18 @@ class Trace:
                 meta = json.loads(bytes(z["meta"]).decode("utf-8"))
                 if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                     raise TraceError(f"{path}: not a dqn-swap trace")
-                if meta.get("version") != VERSION:
-                    raise TraceError(f"{path}: trace format version {meta.get('version')} "
-                                     f"is not supported (this dqn-swap reads version {VERSION})")
+                if meta.get("version") not in READ_VERSIONS:
+                    raise TraceError(f"{path}: trace format version {meta.get('version')} is not supported "
+                                     f"(this dqn-swap reads versions {', '.join(map(str, READ_VERSIONS))})")
                 missing = [n for n in _ARRAYS if n not in z.files]
                 if missing:
                     raise TraceError(f"{path}: corrupt trace, missing arrays {', '.join(missing)}")
                 arrays = {n: z[n] for n in _ARRAYS}
+                arrays.update({n: z[n] for n in _OPTIONAL if n in z.files})
+                for name, array in arrays.items():
+                    dtype = _ARRAYS[name] if name in _ARRAYS else _OPTIONAL[name][0]
+                    if array.ndim != 1 or array.dtype.kind != dtype.kind:
+                        raise TraceError(f"{path}: corrupt trace, column {name} is not a 1-d {dtype} array")
         except TraceError:
             raise
         except FileNotFoundError:
@@ -327,9 +403,17 @@ class Trace:
 
         n_ops, n_t, n_e = self.n_ops, self.n_tensors, self.n_events
         for prefix, n in (("op_", n_ops), ("tensor_", n_t), ("event_", n_e)):
-            for name in _ARRAYS:
+            for name in (*_ARRAYS, *_OPTIONAL):
                 if name.startswith(prefix) and len(getattr(self, name)) != n:
                     raise bad(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
+        if len(self.saved_op) != len(self.saved):
+            raise bad(f"column saved_op has {len(self.saved_op)} rows, expected {len(self.saved)}")
+        if np.any(self.op_scratch < 0):
+            raise bad("negative scratch bytes")
+        for name in ("saved_op", "module_call_op"):
+            anchors = getattr(self, name)
+            if len(anchors) and (np.any(np.diff(anchors) < 0) or anchors.max() > n_ops or anchors.min() < -1):
+                raise bad(f"anchors ({name}) out of order or beyond the last op")
         if n_e and (self.event_op.min() < 0 or self.event_op.max() >= n_ops):
             raise bad("event refers to an op out of range")
         if n_e and (self.event_tensor.min() < 0 or self.event_tensor.max() >= n_t):
@@ -365,6 +449,8 @@ class Trace:
             "saved_activation_bytes": self.saved_bytes,
             "persistent_bytes": self.persistent_bytes,
             "minimum_memory_bytes": self.minimum_memory,
+            "max_op_scratch_bytes": int(self.op_scratch.max()) if self.n_ops else 0,
+            "scratch": self.meta.get("scratch", "none"),
         }
 
 
@@ -410,6 +496,7 @@ class TraceBuilder:
         self._names: dict[str, int] = {}
         self._modules: dict[str, int] = {"": 0}
         self.ops: list[tuple[int, int, int, float, float, float]] = []
+        self.scratch: list[int] = []
         self.t_nbytes: list[int] = []
         self.t_role: list[int] = []
         self.t_alloc: list[int] = []
@@ -417,6 +504,8 @@ class TraceBuilder:
         self.t_saved: list[int] = []
         self.events: list[tuple[int, int, int]] = []
         self.saved: list[int] = []
+        self.saved_op: list[int] = []
+        self.module_call_op: list[int] = []
         self._pending_free: list[int] = []
 
     def tensor(self, nbytes: int, role: Role = Role.TEMPORARY, *, preexisting: bool = False) -> int:
@@ -431,13 +520,15 @@ class TraceBuilder:
     def op(self, name: str, phase: Phase, *, reads: "list[int] | tuple[int, ...]" = (),
            outputs: "list[int] | tuple[int, ...]" = (), writes: "list[int] | tuple[int, ...]" = (),
            frees: "list[int] | tuple[int, ...]" = (), duration: float = 0.0, flops: float = 0.0,
-           bytes_moved: float = 0.0, module: str = "") -> int:
+           bytes_moved: float = 0.0, module: str = "", scratch: int = 0) -> int:
         """Append an op: malloc+write ``outputs``, read ``reads``, write ``writes`` (in place),
-        then free ``frees`` and any frees queued with :meth:`free`."""
+        then free ``frees`` and any frees queued with :meth:`free`; ``scratch``: the kernel's own
+        transient bytes."""
         i = len(self.ops)
         name_id = self._names.setdefault(name, len(self._names))
         module_id = self._modules.setdefault(module, len(self._modules))
         self.ops.append((name_id, int(phase), module_id, float(flops), float(bytes_moved), float(duration)))
+        self.scratch.append(int(scratch))
         for t in outputs:
             if self.t_alloc[t] != -2:
                 raise ValueError(f"tensor {t} allocated twice")
@@ -467,11 +558,16 @@ class TraceBuilder:
         self._pending_free.clear()
 
     def mark_saved(self, t: int) -> int:
-        """Record that autograd packed ``t``; returns its packing index."""
+        """Record that autograd packed ``t`` (after the ops so far); returns its packing index."""
         self.saved.append(t)
+        self.saved_op.append(len(self.ops))
         if self.t_saved[t] < 0:
             self.t_saved[t] = len(self.saved) - 1
         return len(self.saved) - 1
+
+    def mark_module_call(self) -> None:
+        """Record that a module's forward begins (after the ops so far)."""
+        self.module_call_op.append(len(self.ops))
 
     def set_role(self, t: int, role: Role) -> None:
         self.t_role[t] = int(role)
@@ -489,7 +585,7 @@ class TraceBuilder:
             tensor_nbytes=self.t_nbytes, tensor_role=self.t_role, tensor_alloc_op=alloc,
             tensor_free_op=self.t_free, tensor_saved_index=self.t_saved,
             event_kind=ev[:, 0], event_op=ev[:, 1], event_tensor=ev[:, 2], saved=self.saved,
-            op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
+            op_scratch=self.scratch, saved_op=self.saved_op, module_call_op=self.module_call_op, op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
         )
         trace.validate("built trace")
         return trace

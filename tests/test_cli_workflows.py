@@ -188,10 +188,17 @@ def test_run_on_cpu_prints_a_table_and_writes_json(tmp_path, capsys):
     code, out, err = run(["run", "--model", "mlp_tiny", "--batch-size", "4", "--device", "cpu", "--planner",
                           "swap-all", "--memory-limit", "50%", "--steps", "1", "-o", str(report_path)], capsys)
     assert code == 0, err
-    assert "planned" in out and "save_on_cpu" in out and "not measured on cpu" in out
+    assert "planned" in out and "save_on_cpu" in out and "allocator's timeline" in out
+    assert "planned_peak_within_limit: True" in out and "predicted_peak_bytes" in out
     report = json.loads(report_path.read_text())
     assert {m: r["status"] for m, r in report["methods"].items()} == {
         "unplanned": "ok", "planned": "ok", "checkpoint": "ok", "save_on_cpu": "ok"}
+    # The CPU's measured peak beside the limit and the prediction of the plan's schedule.
+    comparison = report["comparison"]
+    assert comparison["planned_peak_allocated"] <= report["memory_limit"]
+    assert comparison["planned_peak_allocated"] == report["methods"]["planned"]["peak_allocated"]
+    assert comparison["planned_peak_over_predicted"] <= 1.0
+    assert "peak_allocated" not in report["methods"]["save_on_cpu"]
     low, high = report["trace"]["minimum_memory"], report["trace"]["peak_bytes"]
     assert report["memory_limit"] == round(low + 0.5 * (high - low))  # % means what it means in plan
     assert report["plan"]["planner"] == "swap-all"
@@ -234,7 +241,7 @@ def test_run_bad_input_one_line(args, message, capsys):
 
 def test_run_script_and_subcommand_share_names():
     from dqn_swap.cli import run_cmd
-    from dqn_swap.runtime.training import BUILTIN_PLANNERS, METHODS
+    from dqn_swap.cli.experiment import BUILTIN_PLANNERS, METHODS
 
     assert run_cmd.METHOD_NAMES == METHODS and run_cmd.RUNTIME_PLANNERS == BUILTIN_PLANNERS
 

@@ -311,12 +311,12 @@ def test_duplicate_actions_first_in_event_order_wins() -> None:
     trace, t = figure4_trace()
     sim = Simulator(trace, 4, profile(bw=2.0))
     swap = Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)
-    early_rec = Action(event_of(trace, 0, t["x0"]), t["x0"], REC)
-    r = sim.run([swap, early_rec])  # the recompute is attached to an earlier event: it wins
-    assert r.ignored_actions == (swap,) and r.recompute_ops == (0,) and r.bytes_d2h == 0
+    rec = Action(event_of(trace, 1, t["x0"]), t["x0"], REC)
+    r = sim.run([rec, swap])  # the same event: the swap comes first and wins
+    assert r.ignored_actions == (rec,) and r.recompute_ops == () and r.bytes_d2h == 3
     r2 = sim.run([swap, swap])
     assert r2.ignored_actions == (swap,) and r2.makespan == 8.5
-    plan = Plan((swap, early_rec), 4, trace.fingerprint, "test", "hand")
+    plan = Plan((swap, rec), 4, trace.fingerprint, "test", "hand")
     with pytest.raises(ValueError, match="more than one action"):
         simulate(trace, plan, profile=profile())
 
@@ -444,8 +444,9 @@ def random_trace(seed: int, max_layers: int = 7) -> Trace:
         return float(rng.choice([0.0, 0.25, 0.5, 1.0, 2.0])) if rng.random() < 0.5 else float(rng.uniform(0, 2))
 
     def op(name: str, phase: Phase, reads=(), outputs=(), writes=()) -> None:
+        scratch = int(rng.integers(1, 9)) * 4 if rng.random() < 0.25 else 0  # a kernel's workspace
         specs.append(dict(name=name, phase=phase, reads=list(reads), outputs=list(outputs),
-                          writes=list(writes), duration=dur()))
+                          writes=list(writes), duration=dur(), scratch=scratch))
 
     grad_scale = float(rng.choice([0.0, 0.25, 1.0]))  # small gradients: the peak ends the forward
 
@@ -496,7 +497,7 @@ def random_trace(seed: int, max_layers: int = 7) -> Trace:
         frees = [t for t in dict.fromkeys((*s["reads"], *s["outputs"], *s["writes"]))
                  if last[t] == i and t not in keep]
         b.op(s["name"], s["phase"], reads=s["reads"], outputs=s["outputs"], writes=s["writes"],
-             frees=frees, duration=s["duration"])
+             frees=frees, duration=s["duration"], scratch=s["scratch"])
     return b.build({"profile": "v100-pcie3"})
 
 
@@ -570,11 +571,12 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
     trace, limit, prof = sim.trace, sim.memory_limit, sim.profile
     nb = [int(x) for x in trace.tensor_nbytes]
     need0 = prep.need.astype(np.int64).copy()
-    mal, fre = sim._mal, sim._fre
+    mal, fre, scr = sim._mal, sim._fre, sim._scr
     d2h_t = lambda x: float(prof.transfer_time(nb[x], "d2h"))  # noqa: E731
     h2d_t = lambda x: float(prof.transfer_time(nb[x], "h2d"))  # noqa: E731
+    # run: scratch of the op or re-run on the compute stream now (allocated on top of mem)
     st: dict[str, Any] = dict(mem=sim._initial, peak=sim._initial, pending=0, d2h_free=0.0, h2d_free=0.0,
-                              bd=0, bh=0)
+                              bd=0, bh=0, run=0)
     d2h: list[tuple[float, int]] = []  # scheduled swap-outs not yet completed
     d2h_end: dict[int, float] = {}
     started: dict[int, int] = {}  # tensor -> its use op, for every prefetch started
@@ -593,7 +595,7 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
         n, y = min(queue)
         if n > k0 and any(need(j) + st["pending"] + nb[y] > limit for j in range(k0, n)):
             return math.inf
-        if st["mem"] + nb[y] > limit:
+        if st["mem"] + st["run"] + nb[y] > limit:
             return math.inf
         free_at = st["h2d_free"] if prof.duplex else max(st["h2d_free"], st["d2h_free"])
         return max(d2h_end[y], free_at, now)
@@ -614,7 +616,7 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
             n, y = min(queue)
             queue.remove((n, y))
             st["mem"] += nb[y]
-            st["peak"] = max(st["peak"], st["mem"])
+            st["peak"] = max(st["peak"], st["mem"] + st["run"])
             started[y] = n
             h2d_end[y] = tp + h2d_t(y)
             st["h2d_free"] = h2d_end[y]
@@ -659,23 +661,28 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
         for k in range(trace.n_ops):
             now = run_until(now, k, True, now)
             steps, waits = prep.special.get(k, ((), ()))
-            for p, d, amount, release, leaves in steps:
+            for p, d, amount, scratch, release, leaves in steps:
+                assert scratch == scr[p]
                 for y in leaves:
                     now = wait_back(y, k, now)
-                now = wait_fit(amount, k, now)
+                now = wait_fit(amount + scratch, k, now)
                 st["mem"] += amount
-                st["peak"] = max(st["peak"], st["mem"])
+                st["peak"] = max(st["peak"], st["mem"] + scratch)
+                st["run"] = scratch
                 run_until(now + d, k, False, now)
+                st["run"] = 0
                 now += d
                 rec += d
                 st["mem"] -= release
             for y in waits:
                 now = wait_back(y, k, now)
-            now = wait_fit(mal[k], k, now)
+            now = wait_fit(mal[k] + scr[k], k, now)
             st["mem"] += mal[k]
-            st["peak"] = max(st["peak"], st["mem"])
+            st["peak"] = max(st["peak"], st["mem"] + scr[k])
             end = now + float(trace.op_duration[k])
+            st["run"] = scr[k]
             run_until(end, k, False, now)
+            st["run"] = 0
             now = end
             st["mem"] -= fre[k]
             for x, is_swap in prep.issues.get(k, ()):

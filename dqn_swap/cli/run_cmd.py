@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-# The names of dqn_swap.runtime.training.METHODS / BUILTIN_PLANNERS, written out so that
+# The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
 # --help does not import torch (a test checks they agree).
 METHOD_NAMES = ("unplanned", "planned", "checkpoint", "save_on_cpu")
 RUNTIME_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "and measure step time, throughput and peak memory beside unplanned training, "
                     "full activation checkpointing and torch's save_on_cpu, with the simulator's "
                     "prediction for the plan. Optionally find the largest batch that trains under a "
-                    "budget. On the CPU everything runs but memory is not measured.",
+                    "budget. On the CPU the peak is measured from the allocator's timeline and compared with "
+                    "the limit and the plan's prediction.",
         epilog="Examples: dqn-swap run --model resnet50 --batch-size 256 --memory-limit 50% --planner dqn "
                "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.5x --planner greedy "
                "--max-batch planned,checkpoint (0.5x: half the unplanned peak)")
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..cost import PROFILES
-    from ..runtime.training import get_run_planner, parse_limit, report_table, run_planned_training
+    from .experiment import get_run_planner, parse_limit, report_table, run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")

@@ -1,25 +1,25 @@
-"""Run planned training for real: follow a swap/recompute plan inside PyTorch training.
+"""Run planned training for real: follow a plan's swaps, prefetches and recomputations.
 
 :class:`PlannedExecution` wraps a user's own training step (see
-:mod:`dqn_swap.runtime.execution` for how each mechanism works);
-:func:`run_planned_training` records, plans and trains a model-zoo workload
-and compares the runtime with unplanned training, full activation
-checkpointing and ``save_on_cpu``.
+:mod:`dqn_swap.runtime.execution` for how each mechanism works).  The runtime
+depends on the core alone (trace, plan, simulator for plans without a
+schedule) and applies what the plan's schedule says; the experiment harness
+that compares it with other methods lives with the command line
+(:mod:`dqn_swap.cli.experiment`).
+
+Modules: :mod:`.backend` (streams, events, copies of CUDA and the CPU),
+:mod:`.standin` (a CPU device with late copies and a checker), :mod:`.index`
+(the plan as lookup tables), :mod:`.swap`, :mod:`.recompute`, :mod:`.execution`.
 """
 
-from .analysis import PlanIndex, build_index, estimate_planned_peak, make_plan, saved_activations
-from .execution import (HostBufferPool, IterationStats, PlannedExecution, PlannedOutOfMemoryError,
-                        RecomputeError, TraceMismatchError, enable_expandable_segments, prefetch_positions)
+from .backend import Backend, CudaBackend, HostBackend, backend_for
+from .execution import (IterationStats, PlannedExecution, PlannedOutOfMemoryError, UnsupportedTrainingError,
+                        enable_expandable_segments, prefetch_positions, refuse_unsupported)
+from .index import PlanIndex, build_index, make_plan, recomputable_activations, saved_activations
+from .recompute import RecomputeError, TraceMismatchError
+from .swap import HostBufferPool
 
-
-def run_planned_training(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    """Record, plan and train a workload; see :func:`dqn_swap.runtime.training.run_planned_training`."""
-    from .training import run_planned_training as _run
-
-    return _run(*args, **kwargs)
-
-
-__all__ = ["HostBufferPool", "IterationStats", "PlanIndex", "PlannedExecution", "PlannedOutOfMemoryError",
-           "RecomputeError", "TraceMismatchError", "build_index", "enable_expandable_segments",
-           "estimate_planned_peak", "make_plan", "prefetch_positions", "run_planned_training",
-           "saved_activations"]
+__all__ = ["Backend", "CudaBackend", "HostBackend", "HostBufferPool", "IterationStats", "PlanIndex",
+           "PlannedExecution", "PlannedOutOfMemoryError", "RecomputeError", "TraceMismatchError",
+           "UnsupportedTrainingError", "backend_for", "build_index", "enable_expandable_segments", "make_plan",
+           "prefetch_positions", "recomputable_activations", "refuse_unsupported", "saved_activations"]

@@ -1,8 +1,13 @@
-"""Planned training of a model-zoo workload, measured beside the alternatives.
+"""The experiment harness: planned training of a model-zoo workload, measured beside the alternatives.
+
+It belongs to the command-line layer (``dqn-swap run``, ``benchmarks/bench_runtime.py``):
+it plans (any planner of ``agents``), while the runtime it drives only applies plans.
 
 :func:`run_planned_training` records the trace on the device, plans, trains
 ``steps`` optimizer steps with :class:`~dqn_swap.runtime.PlannedExecution` and
-measures peak allocated / reserved memory, step time and throughput beside
+measures peak allocated memory (CUDA: the caching allocator's statistics, also
+reserved memory; CPU: the allocator's timeline, :mod:`dqn_swap.meter`), step
+time and throughput beside
 
 * ``unplanned`` -- plain training (when it fits),
 * ``checkpoint`` -- full activation checkpointing: ``torch.utils.checkpoint``
@@ -11,10 +16,11 @@ measures peak allocated / reserved memory, step time and throughput beside
 * ``save_on_cpu`` -- ``torch.autograd.graph.save_on_cpu(pin_memory=True)``:
   every saved tensor goes to host memory,
 
-and the simulator's prediction for the same plan.  :func:`largest_batch`
-finds the largest batch size that trains under a memory budget with each
-method.  Everything runs on the CPU as well (memory figures are then not
-measured: the CPU has no caching allocator to ask).
+and the simulator's prediction for the same plan (on the CPU, where copies
+are synchronous, the memory the plan's schedule holds with copies that take no
+time, :meth:`~dqn_swap.simulator.Simulator.instant_copy_memory`).
+:func:`largest_batch` finds the largest batch size that trains under a memory
+budget with each method.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
-from ..plan import ActionKind, Plan
+from ..meter import AllocatorTimeline
+from ..plan import Plan
+from ..runtime import (PlannedExecution, enable_expandable_segments, make_plan, recomputable_activations,
+                       saved_activations)
 from ..trace import Trace
-from .analysis import estimate_planned_peak, make_plan, saved_activations
-from .execution import PlannedExecution, enable_expandable_segments
 
 METHODS = ("unplanned", "planned", "checkpoint", "save_on_cpu")
 BUILTIN_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
@@ -43,21 +50,26 @@ BUILTIN_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
 
 # --------------------------------------------------------------------------- planning
 def builtin_plan(name: str, trace: Trace, limit: int) -> Plan:
-    """Planners of the runtime itself, used when ``agents.baselines`` does not provide ``name``.
+    """Simple planners for experiments and tests (the papers' baselines are in ``agents``).
 
-    ``swap-all`` / ``recompute-all``: every saved activation; ``greedy-swap``:
-    the largest saved activations until the estimated planned peak is under ``limit``.
+    ``swap-all``: every activation a plan may move; ``recompute-all``: every
+    one the simulator allows to recompute; ``greedy-swap``: the largest
+    activations until the simulator finds the plan fits ``limit``.
     """
     acts = saved_activations(trace)
     if name == "swap-all":
         return make_plan(trace, swap=acts, memory_limit=limit, planner=name)
     if name == "recompute-all":
-        return make_plan(trace, recompute=acts, memory_limit=limit, planner=name)
+        return make_plan(trace, recompute=recomputable_activations(trace), memory_limit=limit, planner=name)
     if name == "greedy-swap":
+        from ..simulator import Simulator
+
+        sim = Simulator(trace, limit)
         chosen: list[int] = []
         for tid in sorted(acts, key=lambda t: -int(trace.tensor_nbytes[t])):
-            if estimate_planned_peak(trace, chosen, ()) <= limit:
-                break
+            plan = make_plan(trace, swap=chosen, memory_limit=limit, planner=name)
+            if sim.run(plan.actions).feasible:
+                return plan
             chosen.append(tid)
         return make_plan(trace, swap=chosen, memory_limit=limit, planner=name)
     raise ValueError(f"unknown planner {name!r}; built in: {', '.join(BUILTIN_PLANNERS)}")
@@ -96,19 +108,21 @@ def make_planned(trace: Trace, limit: int, planner: Any, profile: DeviceProfile,
     return obj.plan(trace, limit, profile)
 
 
-def simulate_plan(trace: Trace, plan: Plan) -> dict[str, Any] | None:
-    """The simulator's figures for ``plan`` (None when the simulator is not installed)."""
-    try:
-        from ..simulator import simulate
-    except ImportError:
-        return None
+def simulate_plan(trace: Trace, plan: Plan) -> dict[str, Any]:
+    """The simulator's figures for ``plan``, with the peak of its schedule under instant copies."""
+    from ..simulator import simulate
+
+    from ..simulator import Simulator
+
     res = simulate(trace, plan)
-    figures = res.figures() if hasattr(res, "figures") else {}
-    return {"feasible": bool(getattr(res, "feasible", True)), "makespan": float(res.makespan),
-            "compute_time": float(getattr(res, "compute_time", trace.compute_time)),
-            "overhead": (float(res.overhead) if getattr(res, "feasible", True) and res.overhead != float("inf")
-                         else None),
-            "peak_bytes": int(res.peak_bytes), "figures": figures}
+    instant = Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions, res.schedule)
+    return {"feasible": bool(res.feasible), "makespan": float(res.makespan),
+            "compute_time": float(res.compute_time),
+            "overhead": float(res.overhead) if res.feasible and res.overhead != float("inf") else None,
+            "peak_bytes": int(res.peak_bytes),
+            # what a synchronous device (the CPU) holds following the plan's schedule
+            "instant_copy_peak_bytes": int(instant.max()) if len(instant) else int(trace.initial_bytes),
+            "figures": res.figures()}
 
 
 # --------------------------------------------------------------------------- methods
@@ -154,12 +168,18 @@ def _memory_cap(device: torch.device, budget: int | None) -> Iterator[None]:
 
 def train_steps(model_name: str, batch_size: int, method: str, steps: int, device: torch.device, *,
                 plan: Plan | None = None, trace: Trace | None = None, seed: int = 0, warmup: int = 1,
-                budget: int | None = None, expandable_segments: bool = True) -> dict[str, Any]:
+                budget: int | None = None, expandable_segments: bool = True,
+                cpu_baseline: int | None = None) -> dict[str, Any]:
     """Train ``steps`` steps of a fresh workload with ``method``; measure time and memory.
 
     Returns ``status`` ("ok" or "oom"), the losses, the median ``step_time_s``
-    over the steps after ``warmup``, ``throughput`` (samples per second) and,
-    on CUDA, ``peak_allocated`` / ``peak_reserved`` bytes over all steps.
+    over the steps after ``warmup``, ``throughput`` (samples per second) and
+    ``peak_allocated``: on CUDA the allocator's peak over all steps (and
+    ``peak_reserved``); on the CPU, given ``cpu_baseline`` (the bytes alive when
+    an iteration starts, ``trace.initial_bytes``), the baseline plus the most
+    the allocator's timeline shows allocated during one more, untimed step
+    (profiling slows a step down; ``save_on_cpu`` is not measured there, its
+    "host" is the same memory).
     """
     from ..models import build_workload
 
@@ -195,18 +215,25 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
+    meter_cpu = device.type == "cpu" and cpu_baseline is not None and method != "save_on_cpu"
+    cpu_peak = 0
     try:
         with _memory_cap(device, budget):
-            for i in range(steps + warmup):
+            for i in range(steps + warmup + int(meter_cpu)):
+                measured = meter_cpu and i == steps + warmup  # the last, untimed step
                 _sync(device)
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                with context():
-                    loss = loss_fn(model(*inputs))
-                    loss.backward()
-                opt.step()
+                timeline = AllocatorTimeline() if measured else nullcontext()
+                with timeline:
+                    with context():
+                        loss = loss_fn(model(*inputs))
+                        loss.backward()
+                    opt.step()
                 _sync(device)
-                if i >= warmup:
+                if measured:
+                    cpu_peak = timeline.peak  # type: ignore[union-attr]
+                elif i >= warmup:
                     times.append(time.perf_counter() - t0)
                 losses.append(float(loss.detach()))
                 del loss
@@ -222,6 +249,11 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
     if device.type == "cuda":
         result["peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
         result["peak_reserved"] = int(torch.cuda.max_memory_reserved(device))
+        result["memory_measured_by"] = "the CUDA caching allocator's peak statistics"
+    elif meter_cpu:
+        assert cpu_baseline is not None
+        result["peak_allocated"] = int(cpu_baseline) + int(cpu_peak)
+        result["memory_measured_by"] = "the CPU allocator's timeline (torch.profiler, profile_memory=True)"
     if runtime is not None:
         result["runtime"] = runtime.summary()
     return result
@@ -365,7 +397,8 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: int | f
     results: dict[str, Any] = {}
     if "unplanned" in methods:
         say("training unplanned")
-        results["unplanned"] = train_steps(model_name, batch_size, "unplanned", steps, dev, seed=seed, warmup=warmup)
+        results["unplanned"] = train_steps(model_name, batch_size, "unplanned", steps, dev, seed=seed, warmup=warmup,
+                                           cpu_baseline=trace.initial_bytes)
     base = results.get("unplanned", {})
     unplanned_peak = int(base.get("peak_allocated") or trace.meta.get("max_memory_allocated") or trace.peak_bytes)
     limit = _resolve_limit(memory_limit, trace, unplanned_peak)
@@ -385,13 +418,13 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: int | f
                       "memory_limit": plan.memory_limit, "figures": plan.figures}
     predicted = simulate_plan(trace, plan)
     report["simulator"] = predicted
-    report["runtime_estimate_peak_bytes"] = _estimate(trace, plan)
     for method in methods:
         if method == "unplanned":
             continue
         say(f"training {method}")
         results[method] = train_steps(model_name, batch_size, method, steps, dev, plan=plan, trace=trace,
-                                      seed=seed, warmup=warmup, expandable_segments=expandable_segments)
+                                      seed=seed, warmup=warmup, expandable_segments=expandable_segments,
+                                      cpu_baseline=trace.initial_bytes)
     report["methods"] = results
     report["comparison"] = compare(results, predicted, limit, trace)
     if max_batch_methods:
@@ -418,8 +451,16 @@ def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: in
         if r.get("status") == "ok":
             out[f"throughput_vs_{other}"] = r["step_time_s"] / t_plan
     if "peak_allocated" in planned:
-        out["planned_peak_allocated"] = planned["peak_allocated"]
-        out["planned_peak_within_limit"] = planned["peak_allocated"] <= limit
+        measured_peak = int(planned["peak_allocated"])
+        out["planned_peak_allocated"] = measured_peak
+        out["planned_peak_within_limit"] = measured_peak <= limit
+        out["planned_peak_over_limit"] = measured_peak / limit
+        if predicted:
+            # The CPU copies synchronously: its prediction is the schedule with copies that take no time.
+            key = "peak_bytes" if str(planned.get("runtime", {}).get("device", "")).startswith("cuda") \
+                else "instant_copy_peak_bytes"
+            out["predicted_peak_bytes"] = int(predicted[key])
+            out["planned_peak_over_predicted"] = measured_peak / max(int(predicted[key]), 1)
     base = results.get("unplanned", {})
     reference = base["step_time_s"] if base.get("status") == "ok" else None
     if reference:
@@ -437,12 +478,6 @@ def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: in
     return out
 
 
-def _estimate(trace: Trace, plan: Plan) -> int:
-    swap = [a.tensor for a in plan.actions if a.kind == ActionKind.SWAP]
-    recompute = [a.tensor for a in plan.actions if a.kind == ActionKind.RECOMPUTE]
-    return estimate_planned_peak(trace, swap, recompute)
-
-
 # --------------------------------------------------------------------------- largest batch
 def largest_batch(model_name: str, budget: int, method: str, device: torch.device, *, planner: str = "greedy-swap",
                   profile: DeviceProfile | None = None, seed: int = 0, start: int = 1, cap: int = 4096,
@@ -453,8 +488,7 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
     budget made to fail (``set_per_process_memory_fraction``) and also checks
     the measured peak allocated.  Elsewhere only ``unplanned`` and ``planned``
     are predicted, from traces recorded on the ``meta`` device (the unplanned
-    peak, and the simulator's -- or the runtime's own estimate of the --
-    planned peak).  Doubling from ``start``, then bisection.  ``planner`` and ``agent`` as in
+    peak, and the simulator's planned peak).  Doubling from ``start``, then bisection.  ``planner`` and ``agent`` as in
     :func:`get_run_planner`.
     """
     prof = profile or get_profile(DEFAULT_PROFILE)
@@ -470,10 +504,7 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
                 return trace.peak_bytes <= budget
             plan = make_planned(trace, budget, planner_obj, prof)
             sim = simulate_plan(trace, plan)
-            if sim is not None:
-                return bool(sim["feasible"]) and sim["peak_bytes"] <= budget
-            peak = _estimate(trace, plan)
-            return peak <= budget
+            return bool(sim["feasible"]) and sim["peak_bytes"] <= budget
         plan = trace = None
         try:
             if method == "planned":
@@ -528,14 +559,16 @@ def report_table(report: dict[str, Any]) -> str:
         lines.append(f"{name:<12} {'ok':<7} {r['step_time_s'] * 1e3:>9.2f} {r['throughput']:>10.1f} "
                      f"{alloc:>12} {reserved:>14}")
     if not str(report["device"]).startswith("cuda"):
-        lines.append(f"memory is not measured on {report['device']} (only CUDA's caching allocator reports peaks): "
-                     "the unplanned peak is the recorded trace's")
+        lines.append(f"memory on {report['device']}: the allocator's timeline of one more, untimed step "
+                     "(save_on_cpu not measured: its host memory is the same memory)")
     sim = report.get("simulator")
     if sim:
         overhead = f"{100 * sim['overhead']:.1f}%" if isinstance(sim.get("overhead"), float) else "-"
-        lines.append(f"simulator: feasible {sim['feasible']}, overhead {overhead}, peak {size(sim['peak_bytes'])}")
+        lines.append(f"simulator: feasible {sim['feasible']}, overhead {overhead}, peak {size(sim['peak_bytes'])}, "
+                     f"peak with instant copies (what a synchronous device holds) "
+                     f"{size(sim.get('instant_copy_peak_bytes'))}")
     for key, value in report.get("comparison", {}).items():
-        if key.endswith("_allocated"):
+        if key.endswith("_allocated") or key.endswith("_bytes"):
             lines.append(f"{key}: {size(value)}")
         else:
             lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")

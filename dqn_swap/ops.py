@@ -1,0 +1,108 @@
+"""Facts about aten operators that their schemas do not state, kept in one place.
+
+Two things the recorder, the simulator's inputs and the runtime need to know
+about an op beyond its schema:
+
+* **Which arguments it writes.**  A schema marks an argument written in place
+  with an alias annotation (``Tensor(a!)``).  The batch-norm family updates its
+  running statistics without one: ``native_batch_norm(Tensor input, Tensor?
+  weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, ...)``
+  writes ``running_mean`` and ``running_var`` in training mode, and bumps no
+  version counter.  :data:`UNANNOTATED_WRITES` lists such arguments by name;
+  :func:`written_positions` joins them to the annotated ones.  The recorder
+  also checks, on cpu and cuda, every op that reads a module buffer and adds
+  what it finds to the trace (``meta["unannotated_writes"]``), so an op missing
+  from this table is still caught where it can be observed.
+* **How much scratch memory its kernel allocates** for itself while it runs
+  (:func:`estimate_scratch`), for traces recorded on ``meta`` where nothing is
+  allocated.  On cpu and cuda the recorder measures it instead.
+
+Every name is an overload packet as the trace stores it (``"aten.native_batch_norm"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+#: op -> names of the arguments it writes without an alias annotation in its schema.
+UNANNOTATED_WRITES: dict[str, tuple[str, ...]] = {
+    "aten.native_batch_norm": ("running_mean", "running_var"),
+    "aten.cudnn_batch_norm": ("running_mean", "running_var"),
+    "aten.miopen_batch_norm": ("running_mean", "running_var"),
+}
+
+_POSITIONS: dict[tuple[torch._ops.OpOverload, tuple[tuple[str, tuple[str, ...]], ...]], tuple[int, ...]] = {}
+
+
+def op_name(func: torch._ops.OpOverload) -> str:
+    """The name the trace gives ``func``: its overload packet, e.g. ``"aten.convolution"``."""
+    return str(func._overloadpacket)
+
+
+def written_positions(func: torch._ops.OpOverload,
+                      extra: Mapping[str, Sequence[str]] | None = None) -> tuple[int, ...]:
+    """Schema positions of the arguments ``func`` writes in place.
+
+    The annotated ones (``Tensor(a!)``), those of :data:`UNANNOTATED_WRITES`,
+    and those named for this op in ``extra`` (a trace's ``meta["unannotated_writes"]``).
+    """
+    key = (func, tuple(sorted((k, tuple(v)) for k, v in (extra or {}).items())))
+    cached = _POSITIONS.get(key)
+    if cached is not None:
+        return cached
+    name = op_name(func)
+    names = set(UNANNOTATED_WRITES.get(name, ())) | set((extra or {}).get(name, ()))
+    out = tuple(i for i, a in enumerate(func._schema.arguments)
+                if (a.alias_info is not None and a.alias_info.is_write) or a.name in names)
+    _POSITIONS[key] = out
+    return out
+
+
+def argument(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any], pos: int) -> Any:
+    """The value passed for schema argument ``pos`` (positional or keyword; None if absent)."""
+    if pos < len(args):
+        return args[pos]
+    return kwargs.get(func._schema.arguments[pos].name)
+
+
+# --------------------------------------------------------------------------- scratch
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.numel() * x.element_size())
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+def estimate_scratch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any],
+                     out: Any) -> int:
+    """Scratch bytes ``func`` is expected to allocate for itself (a trace recorded on ``meta``).
+
+    A model of PyTorch's CPU kernels (oneDNN convolutions reorder their
+    operands into blocked layouts; batch norm's backward keeps a temporary of
+    its input's size), fitted to what the allocator shows on the CPU
+    (``tests/test_recorder.py`` checks it against measured traces):
+
+    * ``convolution``: the larger of input and output, plus the weight;
+    * ``convolution_backward``: input plus gradient of the output, plus the weight;
+    * ``native_batch_norm_backward``: the input;
+    * every other op: none (elementwise kernels, matmuls and reductions write
+      straight into their outputs).
+
+    CUDA kernels differ (cuDNN picks its workspace per algorithm): a trace
+    recorded on cuda measures them instead.
+    """
+    name = op_name(func)
+    if name == "aten.convolution":
+        return max(_nbytes(args[0]), _nbytes(out)) + _nbytes(args[1])
+    if name == "aten.convolution_backward":
+        return _nbytes(args[0]) + _nbytes(args[1]) + _nbytes(args[2])
+    if name == "aten.native_batch_norm_backward":
+        return _nbytes(args[1])
+    return 0
+
+
+__all__ = ["UNANNOTATED_WRITES", "argument", "estimate_scratch", "op_name", "written_positions"]

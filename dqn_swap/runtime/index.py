@@ -1,0 +1,298 @@
+"""What the runtime needs to know about a plan before the first iteration runs.
+
+:class:`PlanIndex` turns a :class:`~dqn_swap.plan.Plan` with its
+:class:`~dqn_swap.plan.Schedule` and the :class:`~dqn_swap.trace.Trace` it was
+made for into flat lookup tables.  It decides nothing about memory or time:
+the simulator did (the prefetch starts, the re-runs and what they free), and
+this index only says where in a live iteration each decision applies.
+
+* which tensors to swap and which to recompute;
+* per pack (every call of autograd's pack hook, in the recorded order), the
+  tensor id and its size, to recognise the live tensors and check they still
+  match the trace, and a few flags: act on it, keep a handle on it (an input
+  of a re-run), or take control at its unpack (a prefetch falls due there);
+* the prefetch schedule, as ``(tensor, op)`` in start order;
+* the re-run sequences and, per removed tensor, the sequence that re-creates it;
+* the forward ops whose calls the runtime must record to re-run them, and the
+  *anchors*: the module calls at which the op numbering can be picked up from
+  the trace (``Trace.module_call_op``; no op is under way when a module's
+  forward begins), so that the runtime's dispatch mode is on only around
+  those ops.
+
+It also makes plans by hand (:func:`make_plan`), checked and scheduled by the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..plan import Action, ActionKind, Plan, RecomputeStep
+from ..trace import EventKind, Phase, Role, Trace
+
+#: The CUDA caching allocator hands out blocks in multiples of 512 bytes;
+#: a trace recorded on CUDA stores sizes rounded up to it, one recorded on
+#: ``meta`` or the CPU does not, so sizes are compared rounded.
+SIZE_QUANTUM = 512
+
+NO_OP = np.iinfo(np.int64).max
+
+# Flags of a pack (bit set): what the pack hook does with the tensor.
+SWAP, RECOMPUTE, TRACK, PROGRESS = 1, 2, 4, 8
+
+
+def round_size(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`SIZE_QUANTUM`."""
+    return -(-int(nbytes) // SIZE_QUANTUM) * SIZE_QUANTUM
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One forward op of the trace: its name and the storages it reads and creates."""
+
+    name: str
+    reads: tuple[int, ...]
+    fresh: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Forward ops to record, numbered from an anchor: when the ``call``-th module call of the
+    forward pass begins (``-1``: the first one, for a trace without anchors) ``start`` ops have
+    run; the window needs ops up to ``end`` (inclusive)."""
+
+    call: int
+    start: int
+    end: int
+
+
+@dataclass
+class PlanIndex:
+    """Lookup tables derived from a scheduled plan and its trace; see the module docstring."""
+
+    trace: Trace
+    plan: Plan
+    swap: frozenset[int]
+    recompute: frozenset[int]
+    saved_tids: np.ndarray
+    saved_sizes: np.ndarray  # rounded with round_size
+    pack_flags: list[int]
+    pack_position: list[int]  # per pack: the op about to run when it happens (forward), -1 unknown
+    first_backward_read: np.ndarray  # per tensor id; NO_OP when backward never reads it
+    first_backward_op: int
+    prefetch: tuple[tuple[int, int], ...]  # (tensor, op) in start order
+    sequences: tuple[tuple[int, tuple[RecomputeStep, ...]], ...] = ()
+    sequence_of: dict[int, int] = field(default_factory=dict)  # removed tensor -> index in sequences
+    # inputs of re-runs that only the user's code holds (autograd never saves them): the runtime holds
+    # them from the forward pass until the last sequence that reads them, as the simulator assumes
+    hold_inputs: dict[int, int] = field(default_factory=dict)  # tensor id -> last sequence reading it
+    record_ops: frozenset[int] = frozenset()  # forward ops whose calls are recorded
+    forward_ops: dict[int, OpInfo] = field(default_factory=dict)  # info of the recorded ops
+    windows: tuple[Window, ...] = ()
+    written_in_forward: frozenset[int] = frozenset()  # persistent tensors some forward op writes
+    max_inflight_d2h_bytes: int = 0
+
+    @property
+    def n_saved(self) -> int:
+        return len(self.saved_tids)
+
+    def is_persistent(self, tid: int) -> bool:
+        """Existed before the iteration (parameters, buffers, optimizer state, inputs)."""
+        return bool(self.trace.tensor_alloc_op[tid] < 0)
+
+    def tensor_label(self, tid: int) -> str:
+        t = self.trace
+        op = int(t.tensor_alloc_op[tid])
+        where = t.op_label(op) if op >= 0 else "existed before the iteration"
+        return f"tensor {tid} ({int(t.tensor_nbytes[tid])} B, {Role(t.tensor_role[tid]).name.lower()}, {where})"
+
+
+def _op_event_slices(trace: Trace) -> np.ndarray:
+    """``starts[i]:starts[i+1]`` are the events of op ``i`` (events are in op order)."""
+    return np.searchsorted(trace.event_op, np.arange(trace.n_ops + 1), side="left")
+
+
+def _op_info(trace: Trace, starts: np.ndarray, i: int) -> OpInfo:
+    lo, hi = starts[i], starts[i + 1]
+    kinds, tids = trace.event_kind[lo:hi], trace.event_tensor[lo:hi]
+    fresh = tuple(int(t) for t in tids[kinds == EventKind.MALLOC])
+    reads = tuple(int(t) for t in tids[kinds == EventKind.READ])
+    return OpInfo(trace.op_names[trace.op_name[i]], reads, fresh)
+
+
+def _windows(trace: Trace, ops: list[int]) -> tuple[Window, ...]:
+    """Group the ops to record by the last module call before each (where counting can start)."""
+    anchors = trace.module_call_op
+    windows: dict[int, Window] = {}
+    for op in sorted(ops):
+        k = int(np.searchsorted(anchors, op, side="right")) - 1  # last call with anchors[k] <= op
+        if k >= 0:  # several calls may begin at one count: the first of them starts the window
+            k = int(np.searchsorted(anchors, anchors[k], side="left"))
+        start = int(anchors[k]) if k >= 0 else 0
+        w = windows.get(k)
+        windows[k] = Window(k, start, max(op, w.end if w else op))
+    return tuple(windows[k] for k in sorted(windows))
+
+
+def build_index(trace: Trace, plan: Plan) -> PlanIndex:
+    """Index ``plan`` (made for ``trace``, with its schedule) for the runtime.
+
+    Raises ``ValueError`` for a plan without a schedule (use
+    :func:`dqn_swap.simulator.schedule_plan`) or with an action the runtime
+    cannot carry out (on a tensor autograd does not save).
+    """
+    if plan.schedule is None:
+        raise ValueError("the plan has no schedule; dqn_swap.simulator.schedule_plan(trace, plan) makes one")
+    swap: set[int] = set()
+    recompute: set[int] = set()
+    for a in plan.actions:
+        if trace.tensor_saved_index[a.tensor] < 0:
+            raise ValueError(f"plan action {a} names tensor {a.tensor}, which autograd does not save in the "
+                             "forward pass: the runtime cannot carry it out; re-plan with `dqn-swap plan`")
+        (swap if a.kind == ActionKind.SWAP else recompute).add(int(a.tensor))
+
+    n = trace.n_ops
+    backward_ops = np.flatnonzero(trace.op_phase == Phase.BACKWARD)
+    b0 = int(backward_ops[0]) if len(backward_ops) else n
+    first = np.full(trace.n_tensors, NO_OP, dtype=np.int64)
+    reads = (trace.event_kind == EventKind.READ) & (trace.op_phase[trace.event_op] == Phase.BACKWARD)
+    np.minimum.at(first, trace.event_tensor[reads], trace.event_op[reads].astype(np.int64))
+
+    saved = trace.saved.astype(np.int64)
+    sizes = -(-trace.tensor_nbytes[saved] // SIZE_QUANTUM) * SIZE_QUANTUM
+    sched = plan.schedule
+    sequences = sched.recompute
+    sequence_of: dict[int, int] = {}
+    record: set[int] = set()
+    external: set[int] = set()  # non-persistent inputs of re-runs not made by the sequence itself
+    starts = _op_event_slices(trace)
+    forward_ops: dict[int, OpInfo] = {}
+    at_op = {n: i for i, (n, _) in enumerate(sequences)}
+    hold: dict[int, int] = {}
+    for i, (_, steps) in enumerate(sequences):
+        made: set[int] = set()
+        for step in steps:
+            record.add(step.op)
+            info = forward_ops.setdefault(step.op, _op_info(trace, starts, step.op))
+            for t in info.reads:
+                if t not in made and trace.tensor_alloc_op[t] >= 0:
+                    external.add(t)
+                    if trace.tensor_saved_index[t] < 0:
+                        hold[t] = i
+            made.update(step.keep)
+    returns = trace.action_window[1]
+    for t in recompute:  # a removed tensor is re-created by the sequence before its next use
+        i = at_op.get(int(returns[t]))
+        if i is not None and any(t in step.keep for step in sequences[i][1]):
+            sequence_of[t] = i
+    missing = [t for t in recompute if t not in sequence_of and returns[t] >= 0]
+    if missing:
+        raise ValueError(f"the plan's schedule does not re-create tensor {missing[0]}; re-plan with `dqn-swap plan`")
+
+    flags = [0] * len(saved)
+    position = [-1] * len(saved)
+    anchors = trace.saved_op
+    windows = _windows(trace, sorted(record)) if record else ()
+    # Unpacks that give the runtime control in backward: for every prefetch start, the pack whose
+    # first backward read is the first at or after it (packs the plan acts on give control anyway).
+    reads_at = first[saved]
+    order = np.argsort(reads_at, kind="stable")
+    progress: set[int] = set()
+    fwd_starts: list[int] = []
+    for _, op in sched.prefetch:
+        if op >= b0:
+            j = int(np.searchsorted(reads_at[order], op, side="left"))
+            if j < len(order):
+                progress.add(int(order[j]))
+        else:
+            fwd_starts.append(op)
+    if len(anchors) and anchors[0] >= 0:
+        for op in fwd_starts:  # forward: the first pack at or after the op
+            j = int(np.searchsorted(anchors, op, side="left"))
+            if j < len(saved):
+                progress.add(j)
+    for k, tid in enumerate(saved.tolist()):
+        f = 0
+        if tid in swap:
+            f |= SWAP
+        elif tid in recompute:
+            f |= RECOMPUTE
+        elif tid in external:
+            f |= TRACK
+        if k in progress:
+            f |= PROGRESS
+        flags[k] = f
+        if len(anchors) and anchors[k] >= 0:
+            position[k] = int(anchors[k])
+
+    fwd_write = (trace.event_kind == EventKind.WRITE) & (trace.op_phase[trace.event_op] == Phase.FORWARD)
+    written = trace.event_tensor[fwd_write]
+    written_persistent = frozenset(int(t) for t in np.unique(written) if trace.tensor_alloc_op[t] < 0)
+    return PlanIndex(trace=trace, plan=plan, swap=frozenset(swap), recompute=frozenset(recompute),
+                     saved_tids=saved, saved_sizes=sizes, pack_flags=flags, pack_position=position,
+                     first_backward_read=first, first_backward_op=b0, prefetch=tuple(sched.prefetch),
+                     sequences=tuple(sequences), sequence_of=sequence_of, hold_inputs=hold,
+                     record_ops=frozenset(record),
+                     forward_ops=forward_ops, windows=windows, written_in_forward=written_persistent,
+                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes))
+
+
+# ---------------------------------------------------------------- hand-made plans
+def saved_activations(trace: Trace) -> list[int]:
+    """Tensor ids of the activations a plan may move (saved for backward, made in the forward
+    pass, used again after their last forward use), in packing order."""
+    action, _ = trace.action_window
+    seen: dict[int, None] = {}
+    for tid in trace.saved.tolist():
+        op = trace.tensor_alloc_op[tid]
+        if action[tid] >= 0 and op >= 0 and trace.op_phase[op] == Phase.FORWARD:
+            seen.setdefault(int(tid), None)
+    return list(seen)
+
+
+def recomputable_activations(trace: Trace) -> list[int]:
+    """The :func:`saved_activations` a plan may remove for recomputation (the simulator's rules)."""
+    from ..simulator import Simulator
+
+    sim = Simulator(trace, trace.peak_bytes)
+    return [t for t in saved_activations(trace)
+            if sim.why_invalid(Action(last_forward_event(trace, t), t, ActionKind.RECOMPUTE)) is None]
+
+
+def last_forward_event(trace: Trace, tid: int) -> int:
+    """The last event of ``tid`` in its last forward use (the event a plan acts after)."""
+    op = int(trace.action_window[0][tid])
+    ev = np.flatnonzero((trace.event_tensor == tid) & (trace.event_op == op) & (trace.event_kind != EventKind.FREE))
+    if op < 0 or not len(ev):
+        raise ValueError(f"tensor {tid} is not an activation a plan can move")
+    return int(ev[-1])
+
+
+def make_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int] = (), *,
+              memory_limit: int | None = None, planner: str = "manual") -> Plan:
+    """A plan that swaps ``swap`` and recomputes ``recompute`` right after their last forward use,
+    checked and scheduled by the simulator (``ValueError`` names an action it does not allow).
+
+    ``memory_limit`` defaults to the trace's unplanned peak.
+    """
+    from ..simulator import Simulator
+
+    limit = int(memory_limit if memory_limit is not None else trace.peak_bytes)
+    actions = [Action(last_forward_event(trace, t), int(t), ActionKind.SWAP) for t in swap]
+    actions += [Action(last_forward_event(trace, t), int(t), ActionKind.RECOMPUTE) for t in recompute]
+    sim = Simulator(trace, limit)
+    for a in actions:
+        why = sim.why_invalid(a)
+        if why is not None:
+            raise ValueError(why)
+    result = sim.run(actions)
+    return Plan(actions=Plan.sorted_actions(actions), memory_limit=limit, trace_fingerprint=trace.fingerprint,
+                profile=str(trace.meta.get("profile", "")), planner=planner, figures=result.figures(),
+                schedule=result.schedule)
+
+
+__all__ = ["NO_OP", "PROGRESS", "RECOMPUTE", "SIZE_QUANTUM", "SWAP", "TRACK", "OpInfo", "PlanIndex",
+           "Window", "build_index", "last_forward_event", "make_plan", "recomputable_activations", "round_size",
+           "saved_activations"]

@@ -1,0 +1,362 @@
+"""Recomputation: record the forward ops a plan re-runs, and re-run them in backward as scheduled.
+
+Recording
+---------
+:class:`RecordMode` is a :class:`TorchDispatchMode` that numbers aten ops as
+the recorder did (views and host-only bookkeeping do not count) and records
+the calls of the ops in :attr:`PlanIndex.record_ops
+<dqn_swap.runtime.index.PlanIndex.record_ops>`: the function, its arguments
+and, for random ops (dropout), the generator's state before the call.  It is
+on only where the plan needs it: the runtime pushes it at an *anchor* -- a
+pack at which the trace says how many ops have run (``Trace.saved_op``) --
+and takes it off once the last op of that window has been recorded, at the
+next pack (or at the start of the forward pass, for ops before any pack).
+
+Arguments are kept as
+
+* :class:`Ref` for tensors made during the iteration: their storage (tensor
+  id and version) and view, resolved at replay from the sequence's own
+  outputs, autograd's saved tensors, prefetched swapped tensors, earlier
+  re-runs, or the tensor itself while it is still alive;
+* :class:`Const` for persistent tensors (parameters, buffers, inputs): the
+  tensor and its version counter.  One the trace shows written during the
+  forward pass is snapshotted before the op runs, so the re-run reads the
+  value the forward pass read; any other must be unchanged when it is
+  re-read, or :class:`RecomputeError` names it.
+
+Replay
+------
+:func:`run_sequence` re-runs one :class:`~dqn_swap.plan.RecomputeStep`
+sequence of the plan's schedule under ``no_grad``: each step's outputs in
+``keep`` are kept, the others dropped at once, and after each step the
+re-created inputs in ``release`` are dropped -- so the memory of a
+recomputation is what the simulator charged for it.  Arguments the op writes
+(annotated in its schema, or listed in :mod:`dqn_swap.ops` such as batch
+norm's running statistics) are cloned first, so a re-run never changes model
+state; random ops run with the recorded generator state, so dropout draws the
+forward pass's mask.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..ops import written_positions
+from ..plan import RecomputeStep
+
+if TYPE_CHECKING:
+    from .execution import _Iteration
+
+_VIEW_LIKE = (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default)
+
+
+class TraceMismatchError(RuntimeError):
+    """The live iteration does not match the trace the plan was made for."""
+
+
+class RecomputeError(RuntimeError):
+    """A tensor the plan removed could not be recomputed exactly."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor argument made during the iteration: its storage (id and version) and view."""
+
+    tid: int
+    version: int
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class Const:
+    """A persistent tensor argument (parameter, buffer, input): the tensor, its version when the
+    forward pass read it, and a copy of its value then where the forward pass writes it later."""
+
+    value: torch.Tensor
+    version: int
+    tid: int
+    snapshot: torch.Tensor | None = None
+
+
+@dataclass
+class OpRecord:
+    """One recorded forward op: call, argument specs, output tensor ids by flat position, RNG state."""
+
+    func: torch._ops.OpOverload
+    args: Any
+    kwargs: Any
+    outputs: dict[int, int]  # tensor id -> position among the flattened outputs
+    rng: tuple[torch.Generator, torch.Tensor] | None
+    live: dict[int, Any]  # tensor id -> weak reference to the live argument tensor (resolution fallback)
+
+
+def _is_random(func: torch._ops.OpOverload) -> bool:
+    return torch.Tag.nondeterministic_seeded in func.tags
+
+
+def _generator_for(func: torch._ops.OpOverload, args: tuple, kwargs: dict, device: torch.device) -> torch.Generator:
+    gen = kwargs.get("generator")
+    if isinstance(gen, torch.Generator):
+        return gen
+    for a in args:
+        if isinstance(a, torch.Generator):
+            return a
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[idx]
+    return torch.default_generator
+
+
+def view_of(storage: torch.UntypedStorage, dtype: torch.dtype, size: Sequence[int], stride: Sequence[int],
+            offset: int) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+
+
+class RecordMode(TorchDispatchMode):
+    """Numbers forward ops from an anchor and records the ones the plan re-runs (module docstring)."""
+
+    def __init__(self, it: "_Iteration") -> None:
+        super().__init__()
+        # A weak reference: the iteration owns this mode, and a cycle would keep both (and the swapped
+        # tensors' host buffers) alive until the garbage collector runs, instead of until backward ends.
+        self.it = weakref.proxy(it)
+        self.op = 0  # index of the next counted op
+        self.end = -1  # last op of the current window
+        self.pushed = False
+        self.names: dict[torch._ops.OpOverload, str] = {}
+
+    def start(self, op: int, end: int) -> None:
+        """Count from ``op`` (the index of the next op) until ``end`` has been recorded."""
+        if self.pushed and not self.finished and self.op != op:
+            raise TraceMismatchError(
+                f"where the trace has {op} ops behind a module call, this iteration has {self.op}: the model "
+                f"changed since the trace was recorded ({self.it.rt.plan_label()}); record the trace again")
+        self.op, self.end = op, end
+        if not self.pushed:
+            self.__enter__()
+            self.pushed = True
+
+    def stop(self) -> None:
+        if self.pushed:
+            self.pushed = False
+            self.__exit__(None, None, None)
+
+    @property
+    def finished(self) -> bool:
+        return self.op > self.end
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        it = self.it
+        if it.paused or self.op > self.end or func.is_view or func in _VIEW_LIKE:
+            return func(*args, **kwargs)
+        dev_type = it.rt.device.type
+        flat_in = [x for x in tree_flatten((args, kwargs))[0]
+                   if isinstance(x, torch.Tensor) and x.device.type == dev_type]
+        i = self.op
+        record = i in it.index.record_ops
+        rng = None
+        if record and _is_random(func):
+            # The state before the op: replaying it with this state draws the same numbers.
+            gen = _generator_for(func, args, kwargs, it.rt.device)
+            rng = (gen, gen.get_state())
+        if flat_in:
+            spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None  # before it runs
+            out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+            if not any(isinstance(x, torch.Tensor) and x.device.type == dev_type for x in tree_flatten(out)[0]):
+                return out  # host-side bookkeeping (profiler marks, counters): the recorder skipped it too
+            spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None
+        self.op += 1
+        name = self.names.get(func)
+        if name is None:
+            name = self.names[func] = str(func._overloadpacket)
+        trace = it.index.trace
+        expected = trace.op_names[trace.op_name[i]] if i < trace.n_ops else "the end of the iteration"
+        if name != expected:
+            raise TraceMismatchError(
+                f"forward op #{i} is {name}, the trace recorded {expected}: the model changed since the "
+                f"trace was recorded ({it.rt.plan_label()}); record the trace again and re-plan")
+        if spec is not None:
+            it.recorder.finish(i, func, spec, out, rng)
+        return out
+
+
+class OpRecorder:
+    """The recorded ops of one iteration, and their replay."""
+
+    def __init__(self, it: "_Iteration") -> None:
+        self.it = weakref.proxy(it)  # owned by the iteration (see RecordMode)
+        self.index = it.index
+        self.ops: dict[int, OpRecord] = {}
+        self.extra_writes: Mapping[str, Sequence[str]] = it.index.trace.meta.get("unannotated_writes", {}) or {}
+        self.held: dict[int, torch.Tensor] = {}  # inputs of re-runs only user code holds (PlanIndex.hold_inputs)
+
+    # ------------------------------------------------------------ recording
+    def spec_args(self, i: int, func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+                  flat_in: list[torch.Tensor]) -> tuple[Any, dict[int, int], dict[int, Any]]:
+        """Argument specs of forward op ``i``, taken before it runs (versions, snapshots)."""
+        info = self.index.forward_ops[i]
+        keys: dict[int, int] = {}  # storage key -> tensor id, in the trace's read order
+        for x in flat_in:
+            key = x.untyped_storage()._cdata
+            if key not in keys:
+                keys[key] = -1
+        if len(keys) != len(info.reads):
+            raise TraceMismatchError(
+                f"forward op #{i} ({info.name}) reads {len(keys)} storages, the trace recorded "
+                f"{len(info.reads)} ({self.it.rt.plan_label()}); record the trace again")
+        for key, tid in zip(list(keys), info.reads):
+            keys[key] = tid
+        dev_type = self.it.rt.device.type
+        index = self.index
+        live: dict[int, Any] = {}
+
+        def spec(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor) or x.device.type != dev_type:
+                return x  # host tensors (scalars) are used as they are
+            tid = keys[x.untyped_storage()._cdata]
+            if index.is_persistent(tid):
+                # The forward pass writes it later (a buffer updated in place): keep what this op read.
+                snapshot = x.detach().clone() if tid in index.written_in_forward else None
+                return Const(x, x._version, tid, snapshot)
+            live.setdefault(tid, _weak(x))
+            if tid in index.hold_inputs:
+                self.held[tid] = x  # the simulator assumes it alive until its re-run: keep it so
+            return Ref(tid, x._version, x.dtype, tuple(x.size()), tuple(x.stride()), x.storage_offset())
+
+        sargs, skwargs = tree_map(spec, (args, kwargs))
+        return (sargs, skwargs), keys, live
+
+    def finish(self, i: int, func: torch._ops.OpOverload, spec: tuple[Any, dict[int, int], dict[int, Any]],
+               out: Any, rng: tuple[torch.Generator, torch.Tensor] | None) -> None:
+        (sargs, skwargs), keys, live = spec
+        info = self.index.forward_ops[i]
+        dev_type = self.it.rt.device.type
+        fresh: list[int] = []
+        positions: dict[int, int] = {}
+        for pos, x in enumerate(tree_flatten(out)[0]):
+            if isinstance(x, torch.Tensor) and x.device.type == dev_type:
+                key = x.untyped_storage()._cdata
+                if key not in keys and key not in positions:
+                    positions[key] = pos
+                    fresh.append(key)
+        if len(fresh) != len(info.fresh):
+            raise TraceMismatchError(
+                f"forward op #{i} ({info.name}) created {len(fresh)} storages, the trace recorded "
+                f"{len(info.fresh)} ({self.it.rt.plan_label()}); record the trace again")
+        outputs = {tid: positions[key] for key, tid in zip(fresh, info.fresh)}
+        self.ops[i] = OpRecord(func, sargs, skwargs, outputs, rng, live)
+
+    # ------------------------------------------------------------ replay
+    def release_held(self, sequence: int) -> None:
+        """Drop the held inputs whose last reader was sequence ``sequence``."""
+        for tid in [t for t in self.held if self.index.hold_inputs[t] == sequence]:
+            del self.held[tid]
+
+    def run_sequence(self, steps: tuple[RecomputeStep, ...]) -> dict[int, torch.UntypedStorage]:
+        """Re-run ``steps``; returns the storages they keep that are still alive at the end."""
+        made: dict[int, torch.UntypedStorage] = {}
+        for step in steps:
+            rec = self.ops.get(step.op)
+            if rec is None:
+                raise RecomputeError(
+                    f"cannot re-run {self.index.trace.op_label(step.op)}: it was not seen in this iteration's "
+                    f"forward pass ({self.it.rt.plan_label()})")
+            args, kwargs = self._materialize(rec, made, step.op)
+            if rec.rng is not None:
+                gen, state = rec.rng
+                current = gen.get_state()
+                gen.set_state(state)  # the forward's RNG state: dropout draws the same mask
+                try:
+                    out = rec.func(*args, **kwargs)
+                finally:
+                    gen.set_state(current)
+            else:
+                out = rec.func(*args, **kwargs)
+            self.it.stats.replayed_ops += 1
+            leaves = tree_flatten(out)[0]
+            for tid in step.keep:
+                made[tid] = leaves[rec.outputs[tid]].untyped_storage()
+            del out, leaves, args, kwargs  # outputs not kept are freed here, as the simulator assumes
+            for tid in step.release:
+                made.pop(tid, None)
+        return made
+
+    def _materialize(self, rec: OpRecord, made: dict[int, torch.UntypedStorage], op: int) -> tuple[tuple, dict]:
+        it = self.it
+
+        def real(x: Any) -> Any:
+            if isinstance(x, Ref):
+                storage = made.get(x.tid)
+                if storage is None:
+                    storage = it.stored(x.tid, x.version)
+                if storage is None and x.tid in self.held:
+                    storage = self.held[x.tid].untyped_storage()
+                if storage is None:
+                    storage = _resolve_weak(rec.live.get(x.tid), x.version)
+                if storage is None:
+                    raise RecomputeError(
+                        f"re-running {self.index.trace.op_label(op)}: its input "
+                        f"{self.index.tensor_label(x.tid)} is neither kept, swapped, re-created nor alive "
+                        f"({it.rt.plan_label()})")
+                return view_of(storage, x.dtype, x.size, x.stride, x.offset)
+            if isinstance(x, Const):
+                if x.snapshot is not None:
+                    return x.snapshot
+                if x.value._version != x.version:
+                    raise RecomputeError(
+                        f"{self.index.tensor_label(x.tid)} was modified in place after the forward pass read "
+                        f"it and before its recomputation, so re-running the op would give another value "
+                        f"({it.rt.plan_label()}); do not change parameters or buffers between forward and "
+                        "backward, or plan without recomputing it")
+                return x.value
+            return x
+
+        args, kwargs = tree_map(real, (rec.args, rec.kwargs))
+        positions = written_positions(rec.func, self.extra_writes)
+        if positions:
+            args = list(args)
+            for pos in positions:
+                if pos < len(args):
+                    container, where = args, pos
+                else:
+                    container, where = kwargs, rec.func._schema.arguments[pos].name
+                    if where not in container:
+                        continue
+                arg = container[where]
+                if isinstance(arg, torch.Tensor):
+                    # A re-run must not change model state (batch norm's running statistics) nor the
+                    # snapshots it reads: it writes a copy.
+                    container[where] = arg.clone()
+            args = tuple(args)
+        return args, kwargs
+
+
+def _weak(x: torch.Tensor) -> Any:
+    return weakref.ref(x)
+
+
+def _resolve_weak(ref: Any, version: int) -> torch.UntypedStorage | None:
+    """The storage of a live argument tensor, if it is still alive and unchanged."""
+    if ref is None:
+        return None
+    x = ref()
+    if x is None or x._version != version:
+        return None
+    return x.untyped_storage()
+
+
+__all__ = ["Const", "OpRecord", "OpRecorder", "RecomputeError", "Ref", "RecordMode", "TraceMismatchError",
+           "view_of"]

@@ -1,0 +1,269 @@
+"""Swapping: copies of saved activations to host memory and back, on side streams.
+
+:class:`Swapper` owns what outlives one iteration: the side streams, the
+pooled host buffers, the copies to the host still in flight, and device
+buffers waiting for a copy to finish before they may be freed.  A
+:class:`SwapGroup` is one swapped storage of one iteration.
+
+Every stream synchronisation says why (the model of a device is in
+:mod:`dqn_swap.runtime.backend`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import torch
+
+from .backend import Backend, Event
+
+
+class HostBufferPool:
+    """Host buffers reused across tensors and iterations, keyed by exact byte size.
+
+    On CUDA they are pinned (page-locked) once, when first needed; an
+    iteration repeats the previous one's sizes, so after the first iteration
+    nothing is allocated or pinned.  Each free buffer carries the event after
+    which its last reader (a host-to-device copy) is done.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._free: dict[int, list[tuple[torch.Tensor, Event | None]]] = {}
+        self._lock = threading.Lock()  # buffers also come back from finalizers on autograd threads
+        self.allocated_bytes = 0
+        self.allocations = 0
+        self.reuses = 0
+
+    def acquire(self, nbytes: int) -> tuple[torch.Tensor, Event | None]:
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self.reuses += 1
+                return free.pop()
+        buf = self.backend.host_buffer(nbytes)
+        with self._lock:
+            self.allocated_bytes += nbytes
+            self.allocations += 1
+        return buf, None
+
+    def release(self, buf: torch.Tensor, event: Event | None) -> None:
+        with self._lock:
+            self._free.setdefault(buf.numel(), []).append((buf, event))
+
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(n * len(v) for n, v in self._free.items())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+class SwapGroup:
+    """One swapped storage (at one version) of one iteration: its host copy, the device bytes
+    held while the copy out runs, and the prefetched device copy."""
+
+    __slots__ = ("swapper", "tid", "version", "nbytes", "host", "source", "d2h_event", "dev", "h2d_event",
+                 "h2d_waited", "remaining", "__weakref__")
+
+    def __init__(self, swapper: "Swapper", tid: int, version: int, nbytes: int) -> None:
+        self.swapper, self.tid, self.version, self.nbytes = swapper, tid, version, nbytes
+        self.host: torch.Tensor | None = None
+        self.source: torch.Tensor | None = None  # device bytes, held until the copy out completed
+        self.d2h_event: Event | None = None
+        self.dev: torch.Tensor | None = None  # prefetched device bytes
+        self.h2d_event: Event | None = None
+        self.h2d_waited = True
+        self.remaining = 0  # handles not yet unpacked
+
+    def __del__(self) -> None:
+        try:
+            self.swapper.retire(self)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The whole storage as a flat uint8 tensor (a round trip of it is bit-exact for any view)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+class Swapper:
+    """Streams, host buffers and copies in flight of one runtime (module docstring).
+
+    ``max_inflight_bytes`` bounds the device bytes held by copies to the host
+    still running: a new copy out first waits (on the host) for the oldest
+    ones until it fits (always at least one copy may run).
+    """
+
+    def __init__(self, backend: Backend, max_inflight_bytes: int) -> None:
+        self.backend = backend
+        self.pool = HostBufferPool(backend)
+        self.max_inflight_bytes = max(0, int(max_inflight_bytes))
+        self._d2h: Any = None
+        self._h2d: Any = None
+        self._lock = threading.Lock()
+        self.inflight: deque[SwapGroup] = deque()  # copies out not yet known to be complete, in order
+        self.inflight_bytes = 0
+        self.graveyard: deque[tuple[torch.Tensor, Event]] = deque()  # device bytes a copy may still touch
+        self.held_bytes = 0  # device bytes this runtime references (copies out in flight, prefetched)
+        self.peak_held_bytes = 0
+        self.bound_waits = 0  # copies out that waited for older ones (the in-flight bound)
+
+    # ------------------------------------------------------------ streams
+    @property
+    def d2h_stream(self) -> Any:
+        if self._d2h is None:
+            self._d2h = self.backend.new_stream()
+        return self._d2h
+
+    @property
+    def h2d_stream(self) -> Any:
+        if self._h2d is None:
+            self._h2d = self.backend.new_stream()
+        return self._h2d
+
+    def hold(self, nbytes: int) -> None:
+        self.held_bytes += nbytes
+        if self.held_bytes > self.peak_held_bytes:
+            self.peak_held_bytes = self.held_bytes
+
+    # ------------------------------------------------------------ copy out
+    def swap_out(self, group: SwapGroup, storage: torch.UntypedStorage) -> None:
+        """Copy ``storage`` into a pooled host buffer; on an asynchronous device the device bytes stay
+        referenced by ``group.source`` until the copy has completed (:meth:`poll`)."""
+        backend = self.backend
+        nbytes = group.nbytes
+        host, host_free = self.pool.acquire(nbytes)
+        group.host = host
+        src = bytes_of(storage)
+        if not backend.asynchronous:
+            backend.copy(host, src, None)  # synchronous: the device reference is not kept at all
+            return
+        self.poll()
+        while self.inflight and self.inflight_bytes + nbytes > self.max_inflight_bytes:
+            # The bound: the device bytes of copies in flight are what the plan assumed at most; wait
+            # (on the host) for the oldest copy out before starting another.
+            oldest = self.inflight[0]
+            assert oldest.d2h_event is not None
+            oldest.d2h_event.synchronize()
+            self.bound_waits += 1
+            self.poll()
+        compute = backend.compute_stream()
+        stream = self.d2h_stream
+        # Sync: the kernels producing this tensor were queued on the compute stream; the copy must
+        # start only after them (the side stream waits, the host does not block).
+        backend.wait_event(stream, backend.record_event(compute))
+        if host_free is not None:
+            # Sync: the pooled host buffer may still be read by the copy back of an earlier
+            # iteration; overwrite it only after that copy finished.
+            backend.wait_event(stream, host_free)
+        group.d2h_event = backend.copy(host, src, stream)
+        group.source = src  # keep the device bytes until the copy has read them
+        with self._lock:
+            self.inflight.append(group)
+            self.inflight_bytes += nbytes
+        self.hold(nbytes)
+
+    def poll(self) -> int:
+        """Drop the device bytes of copies out that have completed (in order: one stream); returns
+        how many were released."""
+        released = 0
+        while True:
+            with self._lock:
+                if not self.inflight:
+                    break
+                g = self.inflight[0]
+                event = g.d2h_event
+                if event is None or not event.query():
+                    break
+                self.inflight.popleft()
+                self.inflight_bytes -= g.nbytes
+            if g.source is not None:
+                g.source = None
+                self.held_bytes -= g.nbytes
+                released += 1
+        while self.graveyard and self.graveyard[0][1].query():
+            self.graveyard.popleft()
+        return released
+
+    # ------------------------------------------------------------ copy back
+    def fetch(self, g: SwapGroup) -> None:
+        """Start copying ``g`` back into a new device buffer (at once on a synchronous device)."""
+        backend = self.backend
+        assert g.host is not None
+        dev = backend.device_buffer(g.nbytes)
+        if backend.asynchronous:
+            stream = self.h2d_stream
+            # Sync: `dev` was allocated for the compute stream, whose earlier kernels may still use the
+            # block (its previous owner); write it only after them.
+            backend.wait_event(stream, backend.record_event(backend.compute_stream()))
+            if g.d2h_event is not None:
+                # Sync: the host copy must be complete before it is read back.
+                backend.wait_event(stream, g.d2h_event)
+            g.h2d_event = backend.copy(dev, g.host, stream)
+            g.h2d_waited = False
+        else:
+            backend.copy(dev, g.host, None)
+        g.dev = dev
+        self.hold(g.nbytes)
+
+    def ready(self, g: SwapGroup) -> tuple[torch.UntypedStorage, bool]:
+        """The device storage of ``g`` for use on the compute stream, fetched now if it was not
+        prefetched; returns it and whether it had to be fetched on demand."""
+        if g.source is not None:  # the copy out is still in flight: the data never left
+            return g.source.untyped_storage(), False
+        on_demand = g.dev is None
+        if on_demand:
+            self.fetch(g)
+        assert g.dev is not None
+        if not g.h2d_waited:
+            assert g.h2d_event is not None
+            if not g.h2d_event.query():
+                # Sync: the copy back is not done; the compute stream (not the host) waits for it.
+                self.backend.wait_event(self.backend.compute_stream(), g.h2d_event)
+            g.h2d_waited = True
+        return g.dev.untyped_storage(), on_demand
+
+    def drop_dev(self, g: SwapGroup) -> None:
+        """The runtime no longer needs ``g``'s device copy (autograd keeps its own view while it uses it)."""
+        if g.dev is None:
+            return
+        if not g.h2d_waited:
+            # Sync: the block returns to the compute stream's pool; later kernels there must not reuse it
+            # while the copy back may still write it.
+            self.backend.wait_event(self.backend.compute_stream(), g.h2d_event)
+            g.h2d_waited = True
+        g.dev = None
+        self.held_bytes -= g.nbytes
+
+    def retire(self, g: SwapGroup) -> None:
+        """``g`` died (autograd freed its graph, with or without a backward pass)."""
+        if g.dev is not None:
+            if not g.h2d_waited and g.h2d_event is not None and not g.h2d_event.query():
+                # The graph was dropped while the copy back still writes `dev`: freeing it now would let
+                # the allocator hand the block out under the copy.  Keep it until the copy has completed.
+                self.graveyard.append((g.dev, g.h2d_event))
+            g.dev = None
+            self.held_bytes -= g.nbytes
+        if g.host is not None:
+            # The pool hands the buffer out again only after the last copy that uses it.
+            event = g.h2d_event if g.h2d_event is not None else g.d2h_event
+            self.pool.release(g.host, event)
+            g.host = None
+
+    def synchronize(self) -> None:
+        """Block until every copy this runtime started has completed, and release what they held."""
+        for g in list(self.inflight):
+            if g.d2h_event is not None:
+                g.d2h_event.synchronize()
+        for _, event in list(self.graveyard):
+            event.synchronize()
+        self.poll()
+
+
+__all__ = ["HostBufferPool", "SwapGroup", "Swapper", "bytes_of"]
