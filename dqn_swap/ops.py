@@ -87,7 +87,8 @@ def estimate_scratch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: M
     (``tests/test_recorder.py`` checks it against measured traces):
 
     * ``convolution``: the larger of input and output, plus the weight;
-    * ``convolution_backward``: input plus gradient of the output, plus the weight;
+    * ``convolution_backward``: the input plus the larger of input and gradient
+      of the output, plus the weight;
     * ``native_batch_norm_backward``: the input;
     * every other op: none (elementwise kernels, matmuls and reductions write
       straight into their outputs).
@@ -99,7 +100,7 @@ def estimate_scratch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: M
     if name == "aten.convolution":
         return max(_nbytes(args[0]), _nbytes(out)) + _nbytes(args[1])
     if name == "aten.convolution_backward":
-        return _nbytes(args[0]) + _nbytes(args[1]) + _nbytes(args[2])
+        return _nbytes(args[1]) + max(_nbytes(args[0]), _nbytes(args[1])) + _nbytes(args[2])
     if name == "aten.native_batch_norm_backward":
         return _nbytes(args[1])
     return 0

@@ -63,6 +63,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline
 from .ops import UNANNOTATED_WRITES, estimate_scratch, op_name
+from .support import unsupported_reason
 from .trace import Phase, Role, Trace, TraceBuilder
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -376,6 +377,9 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     Raises:
         RecordingError: the model raised; the message names the op or step.
     """
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise RecordingError(reason)
     params = list(model.parameters()) + list(model.buffers())
     model_device = params[0].device if params else torch.device("cpu")
     device = torch.device(device) if device is not None else model_device

@@ -451,10 +451,11 @@ class SwapRecomputeEnv(gym.Env):
         result = self.result
         if result is not None and not result.feasible and self.reward_mode == "whole":
             result = self.sim.run(list(self.actions))  # the plan file carries the standard figures
-        figures = result.figures() if result is not None else {}
+        if result is None:
+            result = self.sim.run(list(self.actions))
         return Plan(actions=Plan.sorted_actions(self.actions), memory_limit=int(self.memory_limit),
                     trace_fingerprint=self.trace.fingerprint, profile=self.profile.name, planner=planner,
-                    settings=dict(settings or {}), figures=figures)
+                    settings=dict(settings or {}), figures=result.figures(), schedule=result.schedule)
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":

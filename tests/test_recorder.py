@@ -158,3 +158,85 @@ def test_cuda_peak_matches_max_memory_allocated(name, batch):
     measured = t.meta["max_memory_allocated"]
     assert abs(t.peak_bytes - measured) <= 0.05 * measured, (t.peak_bytes, measured)
     assert t.meta["timing"] == "cuda-events" and (t.op_duration > 0).all()
+
+
+# --------------------------------------------------------------------------- scratch, anchors, unannotated writes
+def _record(name: str, batch: int, device: str):
+    from dqn_swap.models import build_workload
+
+    w = build_workload(name, batch, device, seed=0)
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device)
+
+
+def test_cpu_measures_the_kernels_scratch_and_meta_estimates_it():
+    """Convolutions reorder their operands on the CPU: their scratch is measured there, estimated
+    on meta (dqn_swap.ops.estimate_scratch), and the estimate stays near the measurement."""
+    cpu, meta = _record("resnet_tiny", 8, "cpu"), _record("resnet_tiny", 8, "meta")
+    assert cpu.meta["scratch"] == "measured" and meta.meta["scratch"] == "estimated"
+    names = [cpu.op_names[i] for i in cpu.op_name]
+    conv_bwd = [i for i, n in enumerate(names) if n == "aten.convolution_backward"]
+    assert all(cpu.op_scratch[i] > 0 for i in conv_bwd)
+    assert cpu.n_ops == meta.n_ops
+    for i in conv_bwd + [i for i, n in enumerate(names) if n == "aten.convolution"]:
+        assert 0.4 <= meta.op_scratch[i] / cpu.op_scratch[i] <= 2.5, (cpu.op_label(i), meta.op_scratch[i],
+                                                                      cpu.op_scratch[i])
+    assert abs(meta.peak_bytes / cpu.peak_bytes - 1) < 0.05
+
+
+def test_pack_and_module_call_anchors():
+    t = _record("resnet_tiny", 2, "cpu")
+    assert len(t.saved_op) == len(t.saved) and np.all(np.diff(t.saved_op) >= 0)
+    forward_ops = int((t.op_phase == Phase.FORWARD).sum())
+    assert t.saved_op.max() <= forward_ops + 1
+    assert t.module_call_op[0] == 0 and np.all(np.diff(t.module_call_op) >= 0)
+    assert t.module_call_op.max() < forward_ops
+
+
+def test_an_unannotated_write_to_a_buffer_is_detected_and_protected():
+    """A custom op whose schema does not say it writes its second argument (as batch norm's running
+    statistics are written): the recorder notices on the CPU, and a re-run writes a copy."""
+    from dqn_swap.runtime import PlannedExecution, make_plan, recomputable_activations
+
+    lib = torch.library.Library("dqnswaptest", "DEF")  # noqa: TOR901
+    lib.define("scale_and_count(Tensor x, Tensor counter) -> Tensor")
+
+    def impl(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+        counter.add_(1)  # not in the schema
+        return x * 2
+
+    lib.impl("scale_and_count", impl, "CPU")
+    lib.impl("scale_and_count", lambda x, counter: x * 2, "Meta")
+    torch.library.register_autograd("dqnswaptest::scale_and_count",
+                                    lambda ctx, g: (g * 2, None), setup_context=lambda ctx, inputs, output: None)
+
+    class Counting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 2)
+            self.register_buffer("counter", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.ops.dqnswaptest.scale_and_count(torch.tanh(self.a(x)), self.counter))
+
+    def run(plan=None, trace=None):  # noqa: ANN001, ANN202
+        torch.manual_seed(0)
+        model = Counting()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rt = PlannedExecution(model, plan, trace) if plan is not None else None
+        for _ in range(2):
+            opt.zero_grad()
+            with rt if rt is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                model(torch.ones(4, 6)).sum().backward()
+            opt.step()
+        return model.state_dict()
+
+    torch.manual_seed(0)
+    trace = record_trace(Counting(), torch.ones(4, 6), lambda y: y.sum(), lambda p: torch.optim.SGD(p, lr=0.1))
+    assert trace.meta["unannotated_writes"] == {"dqnswaptest.scale_and_count": ["counter"]}
+    made = [t for t in recomputable_activations(trace)
+            if trace.op_names[trace.op_name[trace.tensor_alloc_op[t]]] == "dqnswaptest.scale_and_count"]
+    assert made
+    ref, got = run(), run(make_plan(trace, recompute=made), trace)
+    assert torch.equal(ref["counter"], got["counter"]) and float(got["counter"]) == 2.0
+    for key in ref:
+        assert torch.equal(ref[key], got[key])

@@ -44,7 +44,9 @@ def test_hand_plans_reproduce_unplanned_training(name: str, kind: str) -> None:
     got = train(name, plan)
     assert_same_training(name, got)
     stats = got.runtime.stats
-    assert stats is not None and stats.packed == stats.expected_packs
+    assert stats is not None
+    # every pack counted, or the hooks came off after the last one the plan concerns
+    assert stats.packed == stats.expected_packs or stats.packed == stats.hooks_off_after + 1
     if kind in ("swap", "mixed"):
         assert stats.swapped == plan.n_swap and stats.held_bytes == 0  # everything handed back
     if kind in ("recompute", "mixed"):

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqn_swap.cost import DeviceProfile, get_profile
-from dqn_swap.plan import Action, ActionKind, Plan, PlanError
+from dqn_swap.plan import Action, ActionKind, Plan, PlanError, RecomputeStep
 from dqn_swap.simulator import Simulator, SimResult, simulate
 from dqn_swap.trace import EventKind, Phase, Role, Trace, TraceBuilder
 
@@ -850,3 +850,86 @@ def test_a_measured_profile_travels_with_the_trace(tmp_path) -> None:
     assert Simulator(loaded, 4).run([x0]).makespan == 8.5  # 1.5 s copies: the measured 2 B/s
     plan = get_planner("greedy").plan(loaded, 4)
     assert plan.profile == "measured" and simulate(loaded, plan).feasible == plan.figures["feasible"]
+
+
+# --------------------------------------------------------------------------- scratch, validity, schedule
+def test_kernel_scratch_delays_a_prefetch() -> None:
+    """b5 needs 2 B of scratch beside X1: X0 (3 B) cannot come back while it runs under a 4 B
+    limit, so its prefetch starts when b6 does (6.5) and arrives 0.5 s after bx was due."""
+    trace, t = figure4_trace()
+    trace = trace.replace(op_scratch=np.array([0, 0, 0, 0, 0, 2, 0, 0], dtype=np.int64))
+    assert trace.op_memory.tolist() == [3, 4, 4, 7, 7, 6, 4, 3]
+    r = Simulator(trace, 4, profile(bw=2.0)).run([Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)],
+                                                 timeline=True)
+    assert r.feasible and r.peak_bytes == 4
+    assert r.schedule.prefetch == ((t["x0"], 6),)
+    assert r.stall == {"swap_out": 0.5, "prefetch": 0.5, "recompute": 0.0} and r.makespan == 9.0
+    times, values = r.timeline
+    assert values.max() == 4  # the scratch shows in the memory curve
+
+
+def test_scratch_can_make_a_plan_infeasible() -> None:
+    trace, t = figure4_trace()
+    trace = trace.replace(op_scratch=np.array([0, 0, 0, 1, 0, 0, 0, 0], dtype=np.int64))
+    r = Simulator(trace, 4, profile(bw=2.0)).run([Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)])
+    assert not r.feasible and r.infeasible.op == 3 and r.infeasible.needed == 4
+    assert "scratch" in r.infeasible.reason
+
+
+def test_a_plan_acts_only_after_the_last_forward_use() -> None:
+    trace, t = figure4_trace()
+    sim = Simulator(trace, 4, profile())
+    early = Action(event_of(trace, 0, t["x0"]), t["x0"], SWAP)  # X0 is still read by f1
+    assert "only after its last forward use" in sim.why_invalid(early)
+    with pytest.raises(ValueError, match="last forward use"):
+        sim.run([early])
+    va = sim.valid_actions()
+    assert not va.can_swap[event_of(trace, 0, t["x0"])] and va.can_swap[event_of(trace, 1, t["x0"])]
+
+
+def test_the_schedule_records_what_the_simulator_decided() -> None:
+    trace, t = figure4_trace()
+    swap = [Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)]
+    tight = Simulator(trace, 4, profile(bw=2.0)).run(swap)
+    assert tight.schedule.prefetch == ((t["x0"], 5),)  # admitted once b4 (op 4) is done
+    assert tight.schedule.max_inflight_d2h_bytes == 3
+    roomy = Simulator(trace, 7, profile(bw=2.0)).run(swap)
+    assert roomy.schedule.prefetch == ((t["x0"], 3),)  # as soon as its copy is done, while f3 runs
+    rec = Simulator(trace, 4, profile()).run([Action(event_of(trace, 1, t["x0"]), t["x0"], REC)])
+    last = trace.n_ops - 1
+    assert rec.schedule.recompute == ((last, (RecomputeStep(0, (t["x0"],), ()),)),)
+    assert rec.schedule.prefetch == ()
+
+
+def test_instant_copy_memory_follows_the_schedule() -> None:
+    """What a synchronous device holds: X0 away from f2 until its prefetch starts at b5."""
+    trace, t = figure4_trace()
+    swap = [Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP)]
+    sim = Simulator(trace, 4, profile(bw=2.0))
+    r = sim.run(swap)
+    mem = sim.instant_copy_memory(swap, r.schedule)
+    assert mem.tolist() == [3, 4, 1, 4, 4, 4, 4, 3]
+    assert mem.max() <= r.peak_bytes
+
+
+def test_recompute_sequences_free_transient_inputs() -> None:
+    """Removing a chain a -> b -> c where a is freed by the trace before b's reuse: the re-run of
+    a before c's reuse is transient and released after the last re-run that reads it."""
+    b = TraceBuilder()
+    x = b.tensor(2, Role.INPUT, preexisting=True)
+    a, bb, c = b.tensor(4, Role.SAVED), b.tensor(4, Role.SAVED), b.tensor(4, Role.SAVED)
+    b.op("f0", F, reads=[x], outputs=[a], duration=1)
+    b.op("f1", F, reads=[a], outputs=[bb], duration=1, frees=[a])
+    b.op("f2", F, reads=[bb], outputs=[c], duration=1)
+    b.op("b3", B, reads=[c], frees=[c], duration=1)
+    b.op("b4", B, reads=[bb], frees=[bb], duration=1)
+    trace = b.build()
+    sim = Simulator(trace, 100, profile())
+    acts = [Action(event_of(trace, 2, bb), bb, REC), Action(event_of(trace, 2, c), c, REC)]
+    r = sim.run(acts)
+    assert r.feasible
+    sched = dict(r.schedule.recompute)
+    # before b3: re-run f0 (a) and f1 (b) transiently, then f2 (c); a goes after f1, b after f2.
+    assert sched[3] == (RecomputeStep(0, (a,), ()), RecomputeStep(1, (bb,), (a,)), RecomputeStep(2, (c,), (bb,)))
+    # before b4: b's own turn, re-created again from a (the simulator keeps no transient for later).
+    assert sched[4] == (RecomputeStep(0, (a,), ()), RecomputeStep(1, (bb,), (a,)))

@@ -120,3 +120,92 @@ def test_memory_limits():
         resolve_memory_limit(t, "100B")
     with pytest.raises(ValueError, match="between 0%"):
         resolve_memory_limit(t, "150%")
+
+
+# --------------------------------------------------------------------------- version 2
+def scratch_trace() -> Trace:
+    b = TraceBuilder()
+    w = b.tensor(64, Role.PARAMETER, preexisting=True)
+    x = b.tensor(32, Role.INPUT, preexisting=True)
+    y = b.tensor(16, Role.SAVED)
+    b.module_call_op.append(0)
+    b.op("conv", Phase.FORWARD, reads=[x, w], outputs=[y], duration=1.0, scratch=40)
+    b.mark_saved(y)
+    z = b.tensor(8)
+    b.op("relu", Phase.FORWARD, reads=[y], outputs=[z], duration=1.0)
+    b.op("conv_backward", Phase.BACKWARD, reads=[z, y], duration=1.0, frees=[y, z], scratch=100)
+    return b.build()
+
+
+def test_scratch_counts_while_its_op_runs():
+    t = scratch_trace()
+    # conv: 96 + 16 outputs + 40 scratch; relu: 96 + 24; conv_backward: 96 + 24 + 100
+    assert t.op_memory.tolist() == [152, 120, 220]
+    assert t.peak_bytes == 220 and t.peak_op == 2
+    assert t.minimum_memory == 220  # scratch and working sets cannot move
+    assert t.saved_op.tolist() == [1] and t.module_call_op.tolist() == [0]
+
+
+def test_version_2_round_trip_keeps_scratch_and_anchors(tmp_path):
+    t = scratch_trace()
+    u = Trace.load(t.save(tmp_path / "a.trace"))
+    assert u.fingerprint == t.fingerprint
+    assert u.op_scratch.tolist() == [40, 0, 100] and u.saved_op.tolist() == [1] and u.module_call_op.tolist() == [0]
+    no_scratch = t.replace(op_scratch=np.zeros(3, dtype=np.int64))
+    assert no_scratch.fingerprint != t.fingerprint  # scratch is part of what a plan is made for
+
+
+def test_a_version_1_file_reads_with_no_scratch_and_its_fingerprint(tmp_path):
+    """Files written before version 2 lack the optional columns; they load, plan alike, and keep
+    the fingerprint their plans and checkpoints name."""
+    t = small_trace().replace(saved_op=np.full(1, -1, dtype=np.int32), module_call_op=np.zeros(0, np.int32))
+    path = t.save(tmp_path / "v2.trace")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("op_scratch", "saved_op", "module_call_op")}
+    meta = json.loads(bytes(arrays["meta"]).decode())
+    meta["version"] = 1
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    old = tmp_path / "v1.trace"
+    with open(old, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    u = Trace.load(old)
+    assert u.op_scratch.tolist() == [0, 0, 0] and u.saved_op.tolist() == [-1] and len(u.module_call_op) == 0
+    assert u.fingerprint == t.fingerprint
+    assert np.array_equal(u.op_memory, small_trace().op_memory)
+
+
+@pytest.mark.parametrize("column,value,message", [
+    ("op_scratch", np.array([-1, 0, 0], dtype=np.int64), "negative scratch"),
+    ("op_scratch", np.array([0, 0], dtype=np.int64), "column op_scratch has 2 rows"),
+    ("saved_op", np.array([5], dtype=np.int32), "anchors"),
+    ("module_call_op", np.array([2, 1], dtype=np.int32), "anchors"),
+])
+def test_bad_version_2_columns_give_one_line(tmp_path, column, value, message):
+    path = scratch_trace().save(tmp_path / "src.trace")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays[column] = value
+    bad = tmp_path / "bad.trace"
+    with open(bad, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    with pytest.raises(TraceError, match=message) as info:
+        Trace.load(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_action_window_is_last_forward_use_to_next_use():
+    b = TraceBuilder()
+    x = b.tensor(4, Role.INPUT, preexisting=True)
+    a = b.tensor(8, Role.SAVED)
+    c = b.tensor(8, Role.SAVED)
+    b.op("f0", Phase.FORWARD, reads=[x], outputs=[a])
+    b.op("f1", Phase.FORWARD, reads=[a], outputs=[c])
+    b.op("f2", Phase.FORWARD, reads=[a, c])  # a's last forward use
+    b.op("b3", Phase.BACKWARD, reads=[c])
+    b.op("b4", Phase.BACKWARD, reads=[a], frees=[a, c])
+    t = b.build()
+    action, ret = t.action_window
+    assert (action[a], ret[a]) == (2, 4) and (action[c], ret[c]) == (2, 3)
+    assert action[x] == ret[x] == -1  # an input: no plan moves it
+    # a could leave between f0 and f2 only if forward code let go of it; it cannot: no saving there.
+    assert t.minimum_memory == int(t.op_memory[2])

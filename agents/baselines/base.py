@@ -308,4 +308,4 @@ class BasePlanner:
         settings = {**self.settings, **found, "simulations": evaluator.simulations}
         return Plan(actions=Plan.sorted_actions(actions), memory_limit=int(memory_limit),
                     trace_fingerprint=trace.fingerprint, profile=profile.name, planner=self.name,
-                    settings=_jsonable(settings), figures=result.figures())
+                    settings=_jsonable(settings), figures=result.figures(), schedule=result.schedule)

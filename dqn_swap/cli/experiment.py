@@ -583,3 +583,32 @@ def report_table(report: dict[str, Any]) -> str:
 __all__ = ["BUILTIN_PLANNERS", "METHODS", "block_modules", "builtin_plan", "checkpoint_blocks", "compare",
            "get_run_planner", "largest_batch", "make_planned", "parse_limit", "record", "report_table",
            "run_planned_training", "simulate_plan", "train_steps"]
+
+
+# --------------------------------------------------------------------------- measured CPU peak
+def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], torch.Tensor],
+                      optimizer: torch.optim.Optimizer, runtime: PlannedExecution | None, baseline: int,
+                      iterations: int = 3) -> int:
+    """The peak bytes of a steady-state training iteration on the CPU, measured.
+
+    Runs ``iterations`` iterations (``with runtime`` when given) and measures
+    the last with the allocator's timeline (:class:`dqn_swap.meter.AllocatorTimeline`):
+    ``baseline`` (the bytes alive when an iteration starts, ``trace.initial_bytes``)
+    plus the most allocated at once during it.  Earlier iterations fill the
+    runtime's pool of host buffers, which on the CPU are the same memory, and
+    warm the kernels' caches (oneDNN makes a convolution's primitive once).
+    """
+    peak = 0
+    for i in range(iterations):
+        optimizer.zero_grad(set_to_none=True)
+        timeline = AllocatorTimeline() if i == iterations - 1 else nullcontext()
+        with timeline:
+            with runtime if runtime is not None else nullcontext():
+                out = model(*inputs)
+                loss = loss_fn(out)
+                loss.backward()
+            optimizer.step()
+            del out, loss
+        if i == iterations - 1:
+            peak = timeline.peak  # type: ignore[union-attr]
+    return int(baseline) + int(peak)

@@ -68,6 +68,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..plan import Plan
+from ..support import COMPILED_STEP, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
 from .backend import Backend, backend_for
 from .index import NO_OP, PROGRESS, RECOMPUTE, SWAP, TRACK, PlanIndex, build_index, round_size
@@ -99,26 +100,11 @@ def enable_expandable_segments() -> bool:
 
 
 def refuse_unsupported(model: torch.nn.Module | None) -> None:
-    """Raise :class:`UnsupportedTrainingError` for models the runtime cannot follow a plan in."""
-    if model is None:
-        return
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - older torch
-        FSDPModule = ()  # type: ignore[assignment]  # noqa: N806
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    for name, m in model.named_modules():
-        where = f"module {name!r}" if name else "the model"
-        if FSDPModule and isinstance(m, FSDPModule):
-            raise UnsupportedTrainingError(
-                f"{where} is sharded with FSDP2 (fully_shard), which gathers and frees parameters inside the "
-                "iteration; dqn-swap plans a model whose parameters stay on the device: train it unsharded, or "
-                "with DistributedDataParallel")
-        if isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None:
-            raise UnsupportedTrainingError(
-                f"{where} is compiled with torch.compile, whose graphs save other tensors than the eager "
-                "model the trace recorded; follow the plan with the eager model (drop torch.compile)")
+    """Raise :class:`UnsupportedTrainingError` for models the runtime cannot follow a plan in
+    (:mod:`dqn_swap.support`: FSDP2, torch.compile)."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise UnsupportedTrainingError(reason)
 
 
 # --------------------------------------------------------------------------- handles
@@ -163,8 +149,10 @@ class IterationStats:
     replayed_ops: int = 0
     prefetches: int = 0
     on_demand_fetches: int = 0  # fetched at reuse: no prefetch had been issued
+    read_before_copied_out: int = 0  # needed while its copy out still ran: read from the device bytes held
     deferred_prefetches: int = 0  # a prefetch waited for its copy out, or for device memory
     bound_waits: int = 0  # copies out that waited for older ones (the in-flight bound)
+    hooks_off_after: int = -1  # the pack after which nothing concerned the plan and the hooks came off
     held_bytes: int = 0  # device bytes the runtime references at the end of the iteration
     peak_held_bytes: int = 0
     prefetch_log: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, op reached) in issue order
@@ -185,6 +173,11 @@ class _Iteration:
         self.flags = rt.index.pack_flags
         self.n_saved = rt.index.n_saved
         self.dev_type = rt.device.type
+        self.cuda = rt.device.type == "cuda"
+        flagged = [k for k, f in enumerate(self.flags) if f]
+        self.last_flagged = flagged[-1] if flagged else -1
+        self.hooks_pushed = False
+        self.trimmed = False  # the hooks came off after the last pack the plan concerns
         self.stats = IterationStats(expected_packs=self.n_saved)
         self.n_packed = 0
         self.paused = False
@@ -200,6 +193,8 @@ class _Iteration:
         self.prefetch_ptr = 0
         self.where: tuple[str, int] = ("forward", -1)
         self.recorder = OpRecorder(self) if rt.index.record_ops else None
+        self.record_ops = rt.index.record_ops
+        self.expected_names = rt.op_names
         self.mode = RecordMode(self) if self.recorder is not None else None
         self.windows = {w.call: w for w in rt.index.windows}
         self.calls = 0  # module calls of the forward pass so far
@@ -222,8 +217,8 @@ class _Iteration:
 
     # ------------------------------------------------------------------ pack
     def pack(self, t: torch.Tensor) -> Any:
-        if t.device.type != self.dev_type:
-            return t  # the recorder neither counted nor tracked it
+        if t.is_cuda is not self.cuda:
+            return t  # another device: the recorder neither counted nor tracked it
         k = self.n_packed
         self.n_packed = k + 1
         if k >= self.n_saved:
@@ -243,9 +238,17 @@ class _Iteration:
         self.paused = True
         try:
             with torch.no_grad():
-                return self._pack(t, k, f)
+                packed = self._pack(t, k, f)
         finally:
             self.paused = False
+        if k == self.last_flagged and k < self.n_saved - 1 and self.hooks_pushed:
+            # Nothing later in the forward pass concerns the plan: later saves go to autograd untouched
+            # (the hooks cost a Python call per saved tensor).  Ours are on top: this is our pack hook.
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self.hooks_pushed = False
+            self.trimmed = True
+            self.stats.hooks_off_after = k
+        return packed
 
     def _pack(self, t: torch.Tensor, k: int, f: int) -> Any:
         index, rt = self.index, self.rt
@@ -362,6 +365,7 @@ class _Iteration:
                     return packed.ref
                 if packed.kind == SWAPPED:
                     g: SwapGroup = packed.ref
+                    self.stats.read_before_copied_out += int(g.source is not None)
                     storage, on_demand = self.swapper.ready(g)
                     self.stats.on_demand_fetches += int(on_demand)
                     g.remaining -= 1
@@ -439,7 +443,7 @@ class _Iteration:
         self.stats.bound_waits = self.swapper.bound_waits
 
     def check_count(self) -> None:
-        if self.n_packed and self.n_packed != self.n_saved:
+        if self.n_packed and not self.trimmed and self.n_packed != self.n_saved:
             raise TraceMismatchError(
                 f"autograd saved {self.n_packed} tensors in this iteration, the trace recorded "
                 f"{self.n_saved}: the model or the batch changed since recording ({self.rt.plan_label()}); "
@@ -517,6 +521,7 @@ class PlannedExecution:
             raise TraceMismatchError(str(e)) from None
         self.prefetch = prefetch
         self.track_storages = track_storages
+        self.op_names = [trace.op_names[i] for i in trace.op_name.tolist()] if self.index.record_ops else []
         self.expandable_segments = bool(self.cuda and expandable_segments and enable_expandable_segments())
         self.backend: Backend = backend if backend is not None else backend_for(self.device)
         largest = max((int(trace.tensor_nbytes[t]) for t in self.index.swap), default=0)
@@ -524,7 +529,6 @@ class PlannedExecution:
                                                                               largest)
         self.swapper = Swapper(self.backend, bound)
         self._it: _Iteration | None = None
-        self._contexts: list[Any] = []
         self._hook: Any = None
         self.stats: IterationStats | None = None
         self.iterations = 0
@@ -543,15 +547,15 @@ class PlannedExecution:
     def __enter__(self) -> "PlannedExecution":
         if self._it is not None:
             raise RuntimeError("PlannedExecution is already active: one `with` block per iteration, not nested")
-        if torch.compiler.is_compiling():
-            raise UnsupportedTrainingError("a planned iteration cannot run inside torch.compile: compile "
-                                           "neither the model nor the training step that holds the `with` block")
+        if under_torch_compile():
+            raise UnsupportedTrainingError(COMPILED_STEP)
         self.swapper.poll()
         it = _Iteration(self)
         self._it = it
-        hooks = torch.autograd.graph.saved_tensors_hooks(it.pack, it.unpack)
-        hooks.__enter__()
-        self._contexts = [hooks]
+        if not self.plan.actions:
+            return self  # nothing to do: the iteration runs exactly as without the runtime
+        torch._C._autograd._push_saved_tensors_default_hooks(it.pack, it.unpack)
+        it.hooks_pushed = True
         if it.mode is not None:
             first = it.windows.get(-1)
             if first is not None and self._root is None:
@@ -571,9 +575,9 @@ class PlannedExecution:
         try:
             it.finish()
         finally:
-            for ctx in reversed(self._contexts):
-                ctx.__exit__(None, None, None)
-            self._contexts = []
+            if it.hooks_pushed:
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+                it.hooks_pushed = False
             self._it = None
         self.iterations += 1
         self.stats = it.stats

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ..ops import written_positions
 from ..plan import RecomputeStep
@@ -117,6 +117,22 @@ def _generator_for(func: torch._ops.OpOverload, args: tuple, kwargs: dict, devic
     return torch.default_generator
 
 
+def leaves(x: Any, out: list[Any] | None = None) -> list[Any]:
+    """The leaves of nested lists, tuples and dicts in order (what ``tree_flatten`` gives for an op's
+    arguments and results, without its cost on every op)."""
+    if out is None:
+        out = []
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            leaves(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            leaves(y, out)
+    else:
+        out.append(x)
+    return out
+
+
 def view_of(storage: torch.UntypedStorage, dtype: torch.dtype, size: Sequence[int], stride: Sequence[int],
             offset: int) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
@@ -161,10 +177,9 @@ class RecordMode(TorchDispatchMode):
         if it.paused or self.op > self.end or func.is_view or func in _VIEW_LIKE:
             return func(*args, **kwargs)
         dev_type = it.rt.device.type
-        flat_in = [x for x in tree_flatten((args, kwargs))[0]
-                   if isinstance(x, torch.Tensor) and x.device.type == dev_type]
+        flat_in = [x for x in leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.device.type == dev_type]
         i = self.op
-        record = i in it.index.record_ops
+        record = i in it.record_ops
         rng = None
         if record and _is_random(func):
             # The state before the op: replaying it with this state draws the same numbers.
@@ -175,15 +190,14 @@ class RecordMode(TorchDispatchMode):
             out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-            if not any(isinstance(x, torch.Tensor) and x.device.type == dev_type for x in tree_flatten(out)[0]):
+            if not any(isinstance(x, torch.Tensor) and x.device.type == dev_type for x in leaves(out)):
                 return out  # host-side bookkeeping (profiler marks, counters): the recorder skipped it too
             spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None
         self.op += 1
         name = self.names.get(func)
         if name is None:
             name = self.names[func] = str(func._overloadpacket)
-        trace = it.index.trace
-        expected = trace.op_names[trace.op_name[i]] if i < trace.n_ops else "the end of the iteration"
+        expected = it.expected_names[i] if i < len(it.expected_names) else "the end of the iteration"
         if name != expected:
             raise TraceMismatchError(
                 f"forward op #{i} is {name}, the trace recorded {expected}: the model changed since the "
@@ -246,7 +260,7 @@ class OpRecorder:
         dev_type = self.it.rt.device.type
         fresh: list[int] = []
         positions: dict[int, int] = {}
-        for pos, x in enumerate(tree_flatten(out)[0]):
+        for pos, x in enumerate(leaves(out)):
             if isinstance(x, torch.Tensor) and x.device.type == dev_type:
                 key = x.untyped_storage()._cdata
                 if key not in keys and key not in positions:
@@ -286,10 +300,10 @@ class OpRecorder:
             else:
                 out = rec.func(*args, **kwargs)
             self.it.stats.replayed_ops += 1
-            leaves = tree_flatten(out)[0]
+            results = leaves(out)
             for tid in step.keep:
-                made[tid] = leaves[rec.outputs[tid]].untyped_storage()
-            del out, leaves, args, kwargs  # outputs not kept are freed here, as the simulator assumes
+                made[tid] = results[rec.outputs[tid]].untyped_storage()
+            del out, results, args, kwargs  # outputs not kept are freed here, as the simulator assumes
             for tid in step.release:
                 made.pop(tid, None)
         return made

@@ -73,7 +73,8 @@ class StandInStream:
 
     _names = itertools.count()
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
         self.name = f"side-stream-{next(self._names)}"
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
@@ -109,14 +110,17 @@ class StandInBackend:
     """The CPU as an asynchronous device (module docstring); ``violations`` holds what the checker found.
 
     Args:
-        delay: seconds every copy sleeps before it runs, or ``(low, high)``
-            for a uniform draw per copy from a generator seeded with ``seed``.
+        delay: seconds every copy sleeps before it runs; ``(low, high)`` for a
+            uniform draw per copy from a generator seeded with ``seed``; or a
+            function of the stream (``stream.index``: 0 for the first side
+            stream made, ...) returning seconds.
         seed: seed of the delays.
     """
 
     asynchronous = True
 
-    def __init__(self, delay: float | tuple[float, float] = 0.002, seed: int = 0) -> None:
+    def __init__(self, delay: float | tuple[float, float] | Callable[[StandInStream], float] = 0.002,
+                 seed: int = 0) -> None:
         self.device = torch.device("cpu")
         self._delay = delay
         self._rng = random.Random(seed)
@@ -134,7 +138,7 @@ class StandInBackend:
         return COMPUTE
 
     def new_stream(self) -> StandInStream:
-        stream = StandInStream()
+        stream = StandInStream(len(self._streams))
         self._streams.append(stream)
         return stream
 
@@ -166,7 +170,7 @@ class StandInBackend:
         geometry = (dst.dtype, dst.size(), dst.stride(), dst.storage_offset(),
                     src.dtype, src.size(), src.stride(), src.storage_offset())
         refs = (dst_st._weak_ref(), src_st._weak_ref())
-        delay = self._draw_delay()
+        delay = self._draw_delay(stream)
         event = StandInEvent()
         with self._lock:
             c = _Copy(next(self._ids), stream, dst_st.data_ptr(), src_st.data_ptr(), dst_st.nbytes())
@@ -205,10 +209,12 @@ class StandInBackend:
         return None
 
     # ------------------------------------------------------------------ checker
-    def _draw_delay(self) -> float:
+    def _draw_delay(self, stream: StandInStream) -> float:
         if isinstance(self._delay, tuple):
             with self._lock:
                 return self._rng.uniform(*self._delay)
+        if callable(self._delay):
+            return float(self._delay(stream))
         return float(self._delay)
 
     def _violation(self, message: str) -> None:

@@ -113,6 +113,8 @@ class Swapper:
         self.held_bytes = 0  # device bytes this runtime references (copies out in flight, prefetched)
         self.peak_held_bytes = 0
         self.bound_waits = 0  # copies out that waited for older ones (the in-flight bound)
+        self.max_inflight_seen = 0  # most device bytes held by copies out at once
+        self.kept_for_copies = 0  # device buffers of dropped graphs kept until their copy back ended
 
     # ------------------------------------------------------------ streams
     @property
@@ -167,6 +169,7 @@ class Swapper:
         with self._lock:
             self.inflight.append(group)
             self.inflight_bytes += nbytes
+            self.max_inflight_seen = max(self.max_inflight_seen, self.inflight_bytes)
         self.hold(nbytes)
 
     def poll(self) -> int:
@@ -248,6 +251,7 @@ class Swapper:
                 # The graph was dropped while the copy back still writes `dev`: freeing it now would let
                 # the allocator hand the block out under the copy.  Keep it until the copy has completed.
                 self.graveyard.append((g.dev, g.h2d_event))
+                self.kept_for_copies += 1
             g.dev = None
             self.held_bytes -= g.nbytes
         if g.host is not None:

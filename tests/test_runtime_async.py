@@ -1,0 +1,183 @@
+"""The runtime's asynchronous code path on a stand-in device (no CUDA needed).
+
+:class:`~dqn_swap.runtime.standin.StandInBackend` runs copies late on worker threads and
+checks, in the manner of PyTorch's CUDA sanitizer, that no op reads a storage a copy is
+still writing, that no buffer is reused before the copy that uses it has finished, and
+that nothing a pending copy touches is freed.  The runtime must produce exactly the
+unplanned training with zero violations: with late copies, a prefetch falling due while
+its tensor is still being copied out, a forward pass whose graph is dropped without a
+backward pass, many copies in flight, and random delays.  The last tests show the
+checker catching each kind of mistake.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import torch
+
+from dqn_swap.runtime import PlannedExecution, make_plan, saved_activations
+from dqn_swap.runtime.standin import StandInBackend
+from dqn_swap.runtime.swap import Swapper
+
+from .runtime_support import MODELS, assert_same_training, hand_plan, trace_of, train
+
+
+def train_on(backend: StandInBackend, name: str, plan, **kwargs):  # noqa: ANN001, ANN201
+    with backend.checking():
+        got = train(name, plan, backend=backend, **kwargs)
+    backend.synchronize()
+    return got
+
+
+@pytest.mark.parametrize("name,kind", [("resnet_tiny", "swap"), ("gpt_tiny", "mixed"), ("bn_inplace", "mixed")])
+def test_late_copies_are_exact_and_clean(name: str, kind: str) -> None:
+    backend = StandInBackend(delay=0.004)
+    got = train_on(backend, name, hand_plan(name, kind))
+    assert_same_training(name, got)
+    assert backend.violations == [] and backend.copies > 0
+    backend.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_delays(seed: int) -> None:
+    name = ["resnet_tiny", "gpt_tiny", "views_residual", "dropout"][seed]
+    backend = StandInBackend(delay=(0.0, 0.006), seed=seed)
+    got = train_on(backend, name, hand_plan(name, "mixed"))
+    assert_same_training(name, got)
+    assert backend.violations == []
+    backend.close()
+
+
+def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped() -> None:
+    """Copies out take long and the limit is generous: every prefetch falls due at once, before the
+    copies out have completed.  They wait at the head of the queue and start later."""
+    name = "resnet_tiny"
+    trace = trace_of(name)
+    plan = make_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
+    backend = StandInBackend(delay=0.03)
+    got = train_on(backend, name, plan, steps=1)
+    stats = got.runtime.stats
+    assert_same_training_steps = train(name, steps=1)
+    assert [torch.equal(a, b) for a, b in zip(got.losses, assert_same_training_steps.losses)] == [True]
+    assert stats.deferred_prefetches > 0
+    assert stats.prefetches > 0
+    assert stats.prefetches + stats.on_demand_fetches + stats.read_before_copied_out >= plan.n_swap
+    assert backend.violations == []
+    backend.close()
+
+
+def slow_copies_back(stream) -> float:  # noqa: ANN001
+    """Copies out (the first side stream) at once, copies back (the second) slowly."""
+    return 0.0 if stream.index == 0 else 0.05
+
+
+def forward_then_drop(backend: StandInBackend) -> PlannedExecution:
+    """Forward passes whose prefetches start in forward, then graphs dropped without backward."""
+    name = "resnet_tiny"
+    trace = trace_of(name)
+    plan = make_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
+    b0 = int((trace.op_phase == 0).sum())
+    assert min(op for _, op in plan.schedule.prefetch) < b0  # the schedule prefetches during forward
+    w = MODELS[name]()
+    rt = PlannedExecution(w.model, plan, trace, backend=backend)
+    with backend.checking():
+        for _ in range(2):
+            with rt:
+                loss = w.loss_fn(w.model(*w.inputs))
+            del loss  # no backward: autograd frees the graph and the runtime's handles
+            gc.collect()
+    return rt
+
+
+def test_forward_without_backward_keeps_buffers_until_their_copies_end() -> None:
+    backend = StandInBackend(delay=slow_copies_back)
+    rt = forward_then_drop(backend)
+    assert rt.swapper.kept_for_copies > 0  # copies back were still running when the graph went
+    rt.synchronize()
+    assert not rt.swapper.graveyard and rt.swapper.held_bytes == 0
+    assert backend.violations == []
+    backend.close()
+
+
+def test_many_copies_in_flight_are_bounded() -> None:
+    name = "gpt_tiny"
+    trace = trace_of(name)
+    plan = make_plan(trace, swap=saved_activations(trace))
+    largest = max(int(trace.tensor_nbytes[a.tensor]) for a in plan.actions)
+    bound = 2 * largest
+    backend = StandInBackend(delay=0.01)
+    got = train_on(backend, name, plan, steps=1, max_inflight_bytes=bound)
+    swapper = got.runtime.swapper
+    assert swapper.max_inflight_seen <= bound and swapper.bound_waits > 0
+    assert backend.violations == []
+    unbounded = StandInBackend(delay=0.01)
+    loose = train_on(unbounded, name, plan, steps=1, max_inflight_bytes=10**12)
+    assert loose.runtime.swapper.max_inflight_seen > bound  # without the bound they pile up
+    backend.close(), unbounded.close()
+
+
+def test_the_default_bound_is_the_simulators() -> None:
+    trace = trace_of("gpt_tiny")
+    plan = make_plan(trace, swap=saved_activations(trace))
+    rt = PlannedExecution(None, plan, trace, backend=StandInBackend())
+    largest = max(int(trace.tensor_nbytes[a.tensor]) for a in plan.actions)
+    assert rt.swapper.max_inflight_bytes == max(plan.schedule.max_inflight_d2h_bytes, largest)
+
+
+# --------------------------------------------------------------------------- the checker
+def test_the_checker_catches_a_read_without_a_wait() -> None:
+    backend = StandInBackend(delay=0.05)
+    stream = backend.new_stream()
+    src, dst = torch.randn(1000), torch.empty(1000)
+    with backend.checking():
+        backend.copy(dst, src, stream)
+        _ = dst + 1  # the copy into dst has not run yet
+    backend.synchronize()
+    assert any("still writing" in v for v in backend.violations)
+    backend.close()
+
+
+def test_the_checker_catches_a_freed_source() -> None:
+    backend = StandInBackend(delay=0.05)
+    stream = backend.new_stream()
+    dst = torch.empty(1000)
+    src = torch.randn(1000)
+    backend.copy(dst, src, stream)
+    del src  # nobody keeps the source of the pending copy
+    gc.collect()
+    backend.synchronize()
+    assert any("freed before the copy ran" in v for v in backend.violations)
+    backend.close()
+
+
+def test_the_checker_catches_a_buffer_reused_before_its_copy() -> None:
+    backend = StandInBackend(delay=lambda stream: 0.2 if stream.index == 0 else 0.0)
+    s1, s2 = backend.new_stream(), backend.new_stream()
+    host, a, b = torch.empty(1000), torch.randn(1000), torch.empty(1000)
+    backend.copy(b, host, s1)  # reads host
+    backend.copy(host, a, s2)  # overwrites host without waiting for the first copy's event
+    backend.synchronize()
+    assert any("had not finished with the same buffer" in v for v in backend.violations)
+    backend.close()
+
+
+def test_dropping_buffers_early_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime that frees a dropped graph's device buffers at once (the old behaviour) is caught."""
+    def retire_at_once(self: Swapper, g) -> None:  # noqa: ANN001
+        if g.dev is not None:
+            g.dev = None
+            self.held_bytes -= g.nbytes
+        if g.host is not None:
+            self.pool.release(g.host, g.h2d_event if g.h2d_event is not None else g.d2h_event)
+            g.host = None
+
+    monkeypatch.setattr(Swapper, "retire", retire_at_once)
+    backend = StandInBackend(delay=slow_copies_back)
+    rt = forward_then_drop(backend)
+    rt.synchronize()
+    backend.synchronize()
+    assert any("freed before the copy ran" in v for v in backend.violations)
+    backend.close()
