@@ -102,9 +102,20 @@ def gpu(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- cpu helpers
 def workload(name: str, batch: int):  # noqa: ANN201
-    from dqn_swap.models import build_workload
+    """A zoo workload, or ``mlp12``: 12 Linear(1024)-ReLU layers, the issue's recompute-all example."""
+    from dqn_swap.models import Workload, build_workload
 
-    return build_workload(name, batch, "cpu", seed=0)
+    if name != "mlp12":
+        return build_workload(name, batch, "cpu", seed=0)
+    import torch
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(12) for m in (torch.nn.Linear(1024, 1024), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 10))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(batch, 1024, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+    return Workload("mlp12", model, (x,), lambda out: torch.nn.functional.cross_entropy(out, y),
+                    lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, foreach=False))
 
 
 def record(name: str, batch: int):  # noqa: ANN201
@@ -179,8 +190,7 @@ def overhead(args: argparse.Namespace) -> int:
 def memory(args: argparse.Namespace) -> int:
     import torch
 
-    from agents import get_planner
-    from dqn_swap.cli.experiment import measured_cpu_peak
+    from dqn_swap.cli.experiment import get_run_planner, measured_cpu_peak
     from dqn_swap.runtime import PlannedExecution
     from dqn_swap.simulator import Simulator, simulate
     from dqn_swap.trace import resolve_memory_limit
@@ -200,7 +210,7 @@ def memory(args: argparse.Namespace) -> int:
         for planner in args.planners.split(","):
             for pct in args.limits.split(","):
                 limit = resolve_memory_limit(trace, pct)
-                plan = get_planner(planner).plan(trace, limit)
+                plan = get_run_planner(planner).plan(trace, limit)
                 result = simulate(trace, plan)
                 if not plan.actions or not result.feasible:
                     continue
@@ -263,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--json", help="write the figures here (and a .md beside)")
     o.set_defaults(func=overhead)
     m = sub.add_parser("memory", help="CPU measured peak against the limit and the prediction")
-    m.add_argument("--models", default="resnet_tiny:8,gpt_tiny:4,lstm_short:4,resnet18:2")
-    m.add_argument("--planners", default="greedy,vdnn,lru,checkpoint,window,tflms,layrub,dqn")
+    m.add_argument("--models", default="resnet_tiny:8,gpt_tiny:4,mlp12:2048,resnet18:2",
+                   help="name:batch pairs: zoo networks, or mlp12 (12 Linear(1024)-ReLU layers)")
+    m.add_argument("--planners", default="greedy,vdnn,lru,checkpoint,window,tflms,layrub,dqn,recompute-all",
+                   help="planners of dqn-swap run (the baselines, dqn, swap-all, recompute-all)")
     m.add_argument("--limits", default="90%,70%,50%,30%")
     m.add_argument("--threads", type=int, default=1)
     m.add_argument("--json", help="write the figures here (and a .md beside)")

@@ -35,7 +35,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -63,11 +63,11 @@ class Action:
     kind: ActionKind
 
 
-@dataclass(frozen=True)
-class RecomputeStep:
+class RecomputeStep(NamedTuple):
     """One re-run of a recomputation: forward op ``op`` runs again; of what it makes, ``keep``
     stays (the targets, or inputs of later re-runs); afterwards the re-created inputs in
-    ``release`` are freed (this was their last reader)."""
+    ``release`` are freed (this was their last reader).  (A named tuple: long recompute chains
+    make millions of them.)"""
 
     op: int
     keep: tuple[int, ...]

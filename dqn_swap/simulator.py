@@ -150,6 +150,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable, NamedTuple
 
 import numpy as np
@@ -187,6 +188,25 @@ class Infeasibility:
         """One line naming the op, e.g. for CLI errors and plan reports."""
         return (f"{trace.op_label(self.op)}: {self.reason} needs {format_bytes(self.needed)}, "
                 f"only {format_bytes(self.available)} available after all pending swap-outs")
+
+
+def _sequence_steps(ops: list[int], made: set[int], last_reader: dict[int, int],
+                    alloc: list[int]) -> tuple[RecomputeStep, ...]:
+    """The re-runs of one sequence as schedule steps: each op, what it keeps, what it releases after."""
+    kept_by: dict[int, list[int]] = {}
+    for x in made:
+        kept_by.setdefault(alloc[x], []).append(x)
+    released_by: dict[int, list[int]] = {}
+    for y, p in last_reader.items():
+        released_by.setdefault(p, []).append(y)
+    none: tuple[int, ...] = ()
+    steps = []
+    for p in ops:
+        keep = kept_by[p]
+        release = released_by.get(p)
+        steps.append(RecomputeStep(p, tuple(keep) if len(keep) == 1 else tuple(sorted(keep)),
+                                   none if release is None else tuple(sorted(release))))
+    return tuple(steps)
 
 
 @dataclass(frozen=True)
@@ -232,7 +252,20 @@ class SimResult:
     ignored_actions: tuple[Action, ...] = ()
     recompute_ops: tuple[int, ...] = ()
     memory_need: np.ndarray | None = field(default=None, repr=False, compare=False)
-    schedule: Schedule | None = field(default=None, repr=False, compare=False)
+    # what the schedule is made of: (prefetch starts, re-run sequences by op, most bytes in copies out)
+    schedule_parts: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def schedule(self) -> Schedule | None:
+        """The :class:`~dqn_swap.plan.Schedule` of this run, made when first asked for (most runs of
+        a planner's search never need it)."""
+        if self.schedule_parts is None:
+            return None
+        prefetch, sequences, inflight, alloc = self.schedule_parts
+        return Schedule(prefetch=tuple(prefetch),
+                        recompute=tuple((n, _sequence_steps(*sequences[n], alloc)) for n in sorted(sequences)),
+                        max_inflight_d2h_bytes=int(inflight))
+
 
     def figures(self) -> dict[str, Any]:
         """JSON-friendly scalar figures (plan files, ``--json``); non-finite floats become ``None``."""
@@ -292,8 +325,9 @@ class _Prepared:
     next_use: dict[int, int]  # swapped tensor -> op of its effective next use
     need: np.ndarray  # int64 per op: requirement under the plan (admission rule's need[j])
     ignored: list[Action] = field(default_factory=list)
-    # op n -> the re-runs before it: (producer op, outputs kept, transient inputs released after)
-    sequences: dict[int, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]] = field(default_factory=dict)
+    # op n -> the re-runs before it, as (producer ops in order, tensors made, last re-run reading
+    # each transient input); :func:`_sequence_steps` turns it into the schedule's steps
+    sequences: dict[int, tuple[list[int], set[int], dict[int, int]]] = field(default_factory=dict)
 
 
 class Simulator:
@@ -523,7 +557,7 @@ class Simulator:
 
         next_use = {t: n for t, (_, n) in swapped.items()}
         scr = self._scr
-        sequences: dict[int, tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]] = {}
+        sequences: dict[int, tuple[list[int], set[int], dict[int, int]]] = {}
         steps_at: dict[int, tuple[_Step, ...]] = {}
         extra_need: dict[int, int] = {}  # op -> peak of its recompute sequence above what stays resident
         target_bytes: dict[int, int] = {}
@@ -561,18 +595,13 @@ class Simulator:
                                 if n < next_use[y]:
                                     next_use[y] = n
                 freed_after: dict[int, int] = {}
-                released_by: dict[int, list[int]] = {}
                 for y, p in last_reader.items():
                     freed_after[p] = freed_after.get(p, 0) + nbytes[y]
-                    released_by.setdefault(p, []).append(y)
                 kept: dict[int, int] = {}
-                kept_by: dict[int, list[int]] = {}
                 for x in need_set:
                     kept[alloc[x]] = kept.get(alloc[x], 0) + nbytes[x]
-                    kept_by.setdefault(alloc[x], []).append(x)
                 cur = peak = 0
                 steps = []
-                sequence = []
                 for p in ops:
                     cur += mal[p]
                     if cur + scr[p] > peak:
@@ -580,9 +609,8 @@ class Simulator:
                     release = mal[p] - kept[p] + freed_after.get(p, 0)
                     cur -= release
                     steps.append((p, dur[p], mal[p], scr[p], release, tuple(leaves_of.get(p, ()))))
-                    sequence.append((p, tuple(sorted(kept_by[p])), tuple(sorted(released_by.get(p, ())))))
                 steps_at[n] = tuple(steps)
-                sequences[n] = tuple(sequence)
+                sequences[n] = (ops, need_set, last_reader)  # the schedule's steps, made when asked for
                 extra_need[n] = peak
                 target_bytes[n] = sum(nbytes[x] for x in tg)
 
@@ -954,11 +982,7 @@ class Simulator:
                 tl_t: list[float] | None, tl_b: list[int], whole: bool = False,
                 prefetch_log: list[tuple[int, int]] | None = None, max_pending: int = 0) -> SimResult:
         T = self.compute_time
-        schedule = Schedule(
-            prefetch=tuple(prefetch_log or ()),
-            recompute=tuple((n, tuple(RecomputeStep(p, keep, release) for p, keep, release in steps))
-                            for n, steps in sorted(prep.sequences.items())),
-            max_inflight_d2h_bytes=int(max_pending))
+        schedule_parts = (prefetch_log or (), prep.sequences, max_pending, self._alloc)
         lb = self.lower_bound
         timeline = None
         if tl_t is not None:
@@ -983,7 +1007,7 @@ class Simulator:
             peak_bytes=peak, peak_op=peak_op, memory_limit=self.memory_limit,
             lower_bound=lb, makespan_over_lower_bound=ratio,
             infeasible=infeasible, timeline=timeline, ignored_actions=tuple(prep.ignored),
-            recompute_ops=tuple(recompute_ops), memory_need=prep.need, schedule=schedule)
+            recompute_ops=tuple(recompute_ops), memory_need=prep.need, schedule_parts=schedule_parts)
 
 
 def schedule_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None = None) -> Plan:

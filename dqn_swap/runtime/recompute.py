@@ -42,7 +42,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,9 +50,6 @@ from torch.utils._pytree import tree_map
 
 from ..ops import written_positions
 from ..plan import RecomputeStep
-
-if TYPE_CHECKING:
-    from .execution import _Iteration
 
 _VIEW_LIKE = (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default)
 
@@ -141,7 +138,7 @@ def view_of(storage: torch.UntypedStorage, dtype: torch.dtype, size: Sequence[in
 class RecordMode(TorchDispatchMode):
     """Numbers forward ops from an anchor and records the ones the plan re-runs (module docstring)."""
 
-    def __init__(self, it: "_Iteration") -> None:
+    def __init__(self, it: Any) -> None:  # the iteration (execution._Iteration) that owns this
         super().__init__()
         # A weak reference: the iteration owns this mode, and a cycle would keep both (and the swapped
         # tensors' host buffers) alive until the garbage collector runs, instead of until backward ends.
@@ -210,7 +207,7 @@ class RecordMode(TorchDispatchMode):
 class OpRecorder:
     """The recorded ops of one iteration, and their replay."""
 
-    def __init__(self, it: "_Iteration") -> None:
+    def __init__(self, it: Any) -> None:  # the iteration (execution._Iteration) that owns this
         self.it = weakref.proxy(it)  # owned by the iteration (see RecordMode)
         self.index = it.index
         self.ops: dict[int, OpRecord] = {}
