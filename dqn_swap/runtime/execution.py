@@ -58,6 +58,7 @@ a stand-in device with late copies and a checker (:mod:`.standin`).
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -147,6 +148,7 @@ class IterationStats:
     recomputed: int = 0  # removed storages re-created in backward
     sequences_run: int = 0  # schedule sequences re-run
     replayed_ops: int = 0
+    replay_seconds: float = 0.0  # wall time of the re-runs (their kernels and the runtime's work around them)
     prefetches: int = 0
     on_demand_fetches: int = 0  # fetched at reuse: no prefetch had been issued
     read_before_copied_out: int = 0  # needed while its copy out still ran: read from the device bytes held
@@ -158,8 +160,8 @@ class IterationStats:
     prefetch_log: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, op reached) in issue order
     source_refs: list[StorageWeakRef] = field(default_factory=list)  # with track_storages: removed originals
 
-    def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
+    def as_dict(self) -> dict[str, int | float]:
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, (int, float))}
 
 
 # --------------------------------------------------------------------------- one iteration
@@ -397,7 +399,9 @@ class _Iteration:
             return
         self.sequences_done.add(seq)
         _, steps = self.index.sequences[seq]
+        start = time.perf_counter()
         made = self.recorder.run_sequence(steps)
+        self.stats.replay_seconds += time.perf_counter() - start
         self.recorder.release_held(seq)
         self.stats.sequences_run += 1
         for t, storage in made.items():
