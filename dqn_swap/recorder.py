@@ -229,7 +229,13 @@ class _Recorder(TorchDispatchMode):
             return out
         if func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default):
             for o in outputs:  # a view holds its base storage alive
-                self.new_output(o)
+                if o.untyped_storage()._cdata in self.live:
+                    self.new_output(o)
+                else:
+                    # A storage no op made: a constant built on the fly (`torch.tensor([])` in a
+                    # Hugging Face cache, lifted by lift_fresh) or a view of one; counted as there
+                    # from the start, like a tensor the loss captured.
+                    self.tid_of(o)
             return out
         reads = [self.tid_of(t) for t in inputs]
         if func not in self.mutates:

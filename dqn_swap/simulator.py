@@ -100,9 +100,9 @@ allocation (the rule has already reserved room for it).  With one shared
 engine a swap-out requested at the same instant as a possible prefetch goes
 first, and a prefetch never overtakes swap-outs already queued.
 
-**Stalls.**  Before op ``k`` the compute stream runs recomputations, waits
-for prefetches of its inputs (``"prefetch"``), then for its allocations to
-fit (``"swap_out"``: waiting for memory released by D2H copies).  Stalls are
+**Stalls.**  Before op ``k`` the compute stream waits for prefetches of its
+inputs (``"prefetch"``), runs recomputations, then waits for its allocations
+to fit (``"swap_out"``: waiting for memory released by D2H copies).  Stalls are
 charged to ``k``'s phase.  ``sum(stall.values()) == makespan - compute_time``
 (up to rounding), and ``overhead = (makespan - compute_time) / compute_time``
 (the DQN paper's reward is minus this overhead).
@@ -879,6 +879,14 @@ class Simulator:
                 here = todo[k]
                 sp = here[0] if here is not None else None
                 if sp is not None:
+                    # The op's own swapped inputs first: what its re-runs find resident is then what
+                    # the memory need (``need[k]``) counts, so feasibility stays exactly need <= limit.
+                    for y_t in sp[1]:
+                        t2 = wait_prefetch(y_t, k, t)
+                        if t2 > t:
+                            st_pf += t2 - t
+                            ph_stall[phase[k]] += t2 - t
+                            t = t2
                     for p, d, amount, scratch, release, leaves in sp[0]:
                         for y_t in leaves:
                             t2 = wait_prefetch(y_t, k, t)
@@ -909,12 +917,6 @@ class Simulator:
                         if tl_t is not None:
                             tl_t.append(t), tl_b.append(mem)
                         eval_head(k, t)
-                    for y_t in sp[1]:
-                        t2 = wait_prefetch(y_t, k, t)
-                        if t2 > t:
-                            st_pf += t2 - t
-                            ph_stall[phase[k]] += t2 - t
-                            t = t2
                 m = mem + mal[k]
                 scratch = scr[k]
                 if m + scratch > limit:

@@ -661,6 +661,8 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
         for k in range(trace.n_ops):
             now = run_until(now, k, True, now)
             steps, waits = prep.special.get(k, ((), ()))
+            for y in waits:
+                now = wait_back(y, k, now)
             for p, d, amount, scratch, release, leaves in steps:
                 assert scratch == scr[p]
                 for y in leaves:
@@ -674,8 +676,6 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
                 now += d
                 rec += d
                 st["mem"] -= release
-            for y in waits:
-                now = wait_back(y, k, now)
             now = wait_fit(mal[k] + scr[k], k, now)
             st["mem"] += mal[k]
             st["peak"] = max(st["peak"], st["mem"] + scr[k])

@@ -315,6 +315,12 @@ class OpRecorder:
                     storage = it.stored(x.tid, x.version)
                 if storage is None and x.tid in self.held:
                     storage = self.held[x.tid].untyped_storage()
+                if storage is None and x.tid in self.index.sequence_of:
+                    # A removed tensor the schedule re-creates before an earlier op, which autograd has
+                    # not asked for yet (one node unpacks all it saved before its first op): re-create it
+                    # now, as the simulator has it resident by then.
+                    it.recompute(x.tid)
+                    storage = it.stored(x.tid, x.version)
                 if storage is None:
                     storage = _resolve_weak(rec.live.get(x.tid), x.version)
                 if storage is None:
