@@ -32,9 +32,16 @@ sys.path.insert(0, str(ROOT))
 
 GRID = {"resnet50": 64, "vgg16": 64, "unet": 8, "lstm": 64, "gpt": 8}
 LIMITS = (0.9, 0.7, 0.5, 0.3)
+
+
+def pct(fraction: float):  # noqa: ANN201
+    """The limit ``fraction`` of the way from a trace's minimum memory to its peak (``0.7`` is 70 %)."""
+    from dqn_swap.limits import MemoryLimit
+
+    return MemoryLimit.percent(round(fraction * 100, 6))
 PROFILE = "v100-pcie3"
 TRACE_DIR = ROOT / "runs" / "traces"
-DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"  # the shipped agent (agents.dqn.planner.DEFAULT_AGENT)
+DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"  # the shipped agent (dqn_swap.agents.dqn.planner.DEFAULT_AGENT)
 CACHE = ROOT / "runs" / "baselines_cache.json"  # baseline figures per (model, limit, trace fingerprint)
 
 
@@ -42,7 +49,7 @@ def get_trace(name: str, batch: int):
     """Record (and cache under runs/traces) the trace of ``name`` at ``batch``."""
     from dqn_swap.trace import Trace
 
-    from agents.dqn.report import load_trace_spec
+    from dqn_swap.agents.dqn.report import load_trace_spec
 
     TRACE_DIR.mkdir(parents=True, exist_ok=True)
     path = TRACE_DIR / f"{name}_b{batch}.trace"
@@ -64,7 +71,7 @@ def write_json(obj: Any, path: str | None) -> None:
 
 # ----------------------------------------------------------------------------- speed
 def bench_steps(args: argparse.Namespace) -> dict[str, Any]:
-    from env import SwapRecomputeEnv
+    from dqn_swap.env import SwapRecomputeEnv
 
     trace = get_trace("resnet50", GRID["resnet50"])
     out = {}
@@ -87,14 +94,14 @@ def bench_steps(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_train(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.dqn import DQNConfig
-    from agents.dqn.algorithm import train
+    from dqn_swap.agents.dqn import DQNConfig
+    from dqn_swap.agents.dqn.algorithm import train
 
     trace = get_trace("resnet50", GRID["resnet50"])
     cfg = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 8, 1))
     out = Path(args.out or ROOT / "runs" / "bench_resnet50.pt")
     t0 = time.perf_counter()
-    res = train(trace, list(LIMITS), out, cfg, profile=PROFILE, log_dir=str(ROOT / "runs"),
+    res = train(trace, [pct(f) for f in LIMITS], out, cfg, profile=PROFILE, log_dir=str(ROOT / "runs"),
                 run_name=f"bench_resnet50_{int(time.time())}", overwrite=True, threads=args.threads)
     dt = time.perf_counter() - t0
     print(f"trained the ResNet-50 agent ({args.steps} steps, limits {LIMITS}) in {dt / 60:.1f} min "
@@ -104,13 +111,12 @@ def bench_train(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_plan_time(args: argparse.Namespace) -> dict[str, Any]:
     """Plan time of the dqn planner on ResNet-1001 b64, each decoding in turn at each limit (one run: compare ratios)."""
-    from agents.dqn import DQNPlanner
-    from env import resolve_limit
+    from dqn_swap.agents.dqn import DQNPlanner
 
     trace = get_trace("resnet1001", 64)
     out: dict[str, Any] = {"decodings": list(args.decode)}
     for limit in args.limits:
-        lim, row = resolve_limit(trace, limit), {}
+        lim, row = pct(limit).resolve(trace), {}
         for decode in args.decode:
             planner = DQNPlanner(args.agent, threads=args.threads, decode=decode)
             t0 = time.perf_counter()
@@ -137,11 +143,10 @@ def _figures(trace, plan, limit):
 
 
 def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.baselines import get_planner
-    from agents.dqn import DQNPlanner, DQNSearchPlanner
-    from env import resolve_limit
+    from dqn_swap.agents.baselines import get_planner
+    from dqn_swap.agents.dqn import DQNPlanner, DQNSearchPlanner
 
-    from agents.baselines import PLANNERS
+    from dqn_swap.agents.baselines import PLANNERS
     from dqn_swap.cost import get_profile
 
     names = [n for n in PLANNERS if n not in ("dqn", "dqn-search")]
@@ -158,7 +163,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                     agent = agents_dir / cand
                     break
             dqn, search = DQNPlanner(agent, decode=args.decode), (DQNSearchPlanner(agent) if args.search else None)
-            limit = resolve_limit(trace, frac)
+            limit = pct(frac).resolve(trace)
             cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": str(dqn.agent_path)}
             key = f"{model}@{frac}@{limit}@{trace.fingerprint}"
             if key in cache:
@@ -235,7 +240,7 @@ def grid_markdown(result: dict[str, Any]) -> str:
 def bench_train_grid(args: argparse.Namespace) -> dict[str, Any]:
     """Fine-tune the shipped agent on every grid cell (one network, one limit), as in the
     paper's Figure 3: the user's network and limit go in, training returns the agent."""
-    from agents.dqn.algorithm import finetune
+    from dqn_swap.agents.dqn.algorithm import finetune
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,7 +255,7 @@ def bench_train_grid(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             start = out_dir / f"{name}.pt" if args.again and (out_dir / f"{name}.pt").exists() else args.agent
             t0 = time.perf_counter()
-            res = finetune(start, trace, [frac], out_dir / f"{name}.pt", total_timesteps=steps,
+            res = finetune(start, trace, [pct(frac)], out_dir / f"{name}.pt", total_timesteps=steps,
                            start_e=args.start_e, config_overrides={"eval_every": max(steps // 6, 1),
                                                                    "batch_size": args.batch_size, "seed": args.seed},
                            profile=PROFILE, log_dir=str(ROOT / "runs"), run_name=f"grid_{name}",
@@ -269,19 +274,18 @@ def _recorded_run(path: Path, trace, limits: list[float], steps: int):  # noqa: 
 
     import torch
 
-    from env import resolve_limit
 
     t = torch.load(path, weights_only=True)["training"]
-    if t["steps"] != steps or [int(x) for x in t["memory_limits"]] != [resolve_limit(trace, f) for f in limits]:
+    if t["steps"] != steps or [int(x) for x in t["memory_limits"]] != [pct(f).resolve(trace) for f in limits]:
         raise SystemExit(f"{path}: trained for {t['steps']} steps at {t['memory_limits']}, not {steps} at {limits}; "
                          "drop --reuse-scratch")
     return SimpleNamespace(best=t["best"], evaluations=t["evaluations"], wall_time=t["wall_time_s"])
 
 
 def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.dqn import DQNConfig
-    from agents.dqn.algorithm import finetune, train
-    from agents.dqn.report import plot_curves
+    from dqn_swap.agents.dqn import DQNConfig
+    from dqn_swap.agents.dqn.algorithm import finetune, train
+    from dqn_swap.agents.dqn.report import plot_curves
 
     out: dict[str, Any] = {}
     curves = {}
@@ -296,13 +300,13 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
         if args.reuse_scratch and scratch_path.exists():  # same seed and settings: reuse its recorded evaluations
             scratch = _recorded_run(scratch_path, trace, limits, args.steps)
         else:
-            scratch = train(trace, limits, scratch_path, base, profile=PROFILE, log_dir=str(ROOT / "runs"),
+            scratch = train(trace, [pct(f) for f in limits], scratch_path, base, profile=PROFILE, log_dir=str(ROOT / "runs"),
                             run_name=f"transfer_{name}_scratch{seed_tag}", overwrite=True, threads=args.threads)
         ft_steps = int(args.steps * args.fraction)
         tag = "" if Path(args.agent).resolve() == DEFAULT_AGENT.resolve() else f"_from_{Path(args.agent).stem}"
         tag += f"_e{args.start_e}_lr{args.lr_factor}" if (args.start_e, args.lr_factor) != (0.2, 0.3) else ""
         tag += seed_tag
-        ft = finetune(args.agent, trace, limits, d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
+        ft = finetune(args.agent, trace, [pct(f) for f in limits], d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
                       start_e=args.start_e, lr_factor=args.lr_factor,
                       config_overrides={"eval_every": max(ft_steps // 6, 1), "seed": args.seed}, profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune{tag}", overwrite=True,
@@ -324,8 +328,8 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.dqn import DQNConfig
-    from agents.dqn.algorithm import train
+    from dqn_swap.agents.dqn import DQNConfig
+    from dqn_swap.agents.dqn.algorithm import train
 
     variants = {
         "all (default)": {},
@@ -354,7 +358,7 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
             cfg = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 5, 1), seed=seed, **change)
             t0 = time.perf_counter()
             tag = "+".join(m.replace(":", "_b") for m in args.models)
-            res = train(traces, list(LIMITS), ROOT / "runs" / "ablation" / tag / f"{len(rows)}_{seed}.pt", cfg,
+            res = train(traces, [pct(f) for f in LIMITS], ROOT / "runs" / "ablation" / tag / f"{len(rows)}_{seed}.pt", cfg,
                         profile=PROFILE, log_dir=None, overwrite=True, threads=args.threads)
             scores.append((res.best["score"], res.evaluations[-1]["score"], time.perf_counter() - t0))
         s = np.array(scores)
@@ -366,7 +370,7 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agents import DQN_DECODINGS as DECODINGS
+    from dqn_swap.agents import DQN_DECODINGS as DECODINGS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

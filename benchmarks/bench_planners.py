@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.baselines import PLANNERS, get_planner
+from dqn_swap.agents.baselines import PLANNERS, get_planner
 from machine import machine
 from dqn_swap.cost import get_profile
 from dqn_swap.trace import Trace, format_bytes

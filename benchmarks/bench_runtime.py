@@ -138,7 +138,7 @@ def write(args: argparse.Namespace, result: dict[str, Any], md: str) -> None:
 def overhead(args: argparse.Namespace) -> int:
     import torch
 
-    from agents import get_planner
+    from dqn_swap.agents import get_planner
     from dqn_swap.runtime import PlannedExecution, make_plan
     from dqn_swap.trace import resolve_memory_limit
     from machine import machine

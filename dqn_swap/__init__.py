@@ -5,6 +5,7 @@ The core library (this package) never imports the reinforcement-learning side.
 """
 
 from .cost import PROFILES, DeviceProfile, get_profile
+from .limits import MemoryLimit, MemoryLimitError
 from .plan import Action, ActionKind, Plan, PlanError
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder, TraceError, resolve_memory_limit
 
@@ -16,6 +17,13 @@ def record_trace(*args, **kwargs):  # noqa: ANN002, ANN003
     from .recorder import record_trace as _record
 
     return _record(*args, **kwargs)
+
+
+def get_planner(name: str, **kwargs):  # noqa: ANN003, ANN201
+    """The planner called ``name`` (the baselines and the DQN); see :func:`dqn_swap.agents.get_planner`."""
+    from .agents import get_planner as _get
+
+    return _get(name, **kwargs)
 
 
 def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator import more)
@@ -30,6 +38,7 @@ def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator imp
     raise AttributeError(f"module 'dqn_swap' has no attribute {name!r}")
 
 
-__all__ = ["PROFILES", "Action", "ActionKind", "DeviceProfile", "EventKind", "Phase", "Plan",
+__all__ = ["PROFILES", "Action", "ActionKind", "DeviceProfile", "EventKind", "MemoryLimit", "MemoryLimitError", "Phase",
+           "Plan",
            "PlanError", "PlannedExecution", "Role", "Simulator", "Trace", "TraceBuilder", "TraceError",
-           "get_profile", "record_trace", "resolve_memory_limit", "simulate"]
+           "get_planner", "get_profile", "record_trace", "resolve_memory_limit", "simulate"]

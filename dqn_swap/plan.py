@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
+from .files import write_atomically
+
 if TYPE_CHECKING:
     from .trace import Trace
 
@@ -158,10 +160,7 @@ class Plan:
         path = Path(path)
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_atomically(path, (json.dumps(self.to_json(), indent=1) + "\n").encode(), overwrite=overwrite)
 
     @classmethod
     def from_json(cls, d: Any, where: str = "plan") -> "Plan":
@@ -170,13 +169,23 @@ class Plan:
         if d.get("version") not in READ_VERSIONS:
             raise PlanError(f"{where}: plan format version {d.get('version')} is not supported "
                             f"(this dqn-swap reads versions {', '.join(map(str, READ_VERSIONS))})")
+        limit = d.get("memory_limit")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise PlanError(f"{where}: memory_limit must be a positive number of bytes, not {limit!r}")
         try:
             actions = tuple(Action(int(e), int(t), ActionKind[str(k).upper()]) for e, t, k in d["actions"])
+            tensors = [a.tensor for a in actions]
+            if len(set(tensors)) != len(tensors):
+                dup = sorted({t for t in tensors if tensors.count(t) > 1})
+                raise PlanError(f"{where}: more than one action on tensor {dup[0]} (a tensor is swapped or "
+                                "recomputed at most once)")
             schedule = Schedule.from_json(d["schedule"]) if d.get("schedule") is not None else None
             return cls(actions=actions, memory_limit=int(d["memory_limit"]),
                        trace_fingerprint=str(d["trace_fingerprint"]), profile=str(d["profile"]),
                        planner=str(d["planner"]), settings=dict(d.get("settings", {})),
                        figures=dict(d.get("figures", {})), schedule=schedule)
+        except PlanError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"{where}: corrupt plan ({type(e).__name__}: {e})") from None
 

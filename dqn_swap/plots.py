@@ -36,8 +36,11 @@ def is_our_png(path: Path) -> bool:
 
 
 def check_output(path: str | os.PathLike[str], force: bool = False) -> Path:
-    """Refuse to replace a file the user owns; our own earlier plots may be replaced."""
+    """Check an output before any work is done: refuse to replace a file the user owns (our own
+    earlier plots may be replaced), a directory, or a place that cannot be written."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
     if path.exists() and not force and not (path.suffix.lower() == ".png" and is_our_png(path)):
         raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
     if not path.parent.exists():

@@ -290,6 +290,31 @@ class _Recorder(TorchDispatchMode):
         return holder.tensor if isinstance(holder, _Saved) else holder
 
 
+class _DeviceGuard(TorchDispatchMode):
+    """On ``meta``, an op mixing the model's tensors with another device's non-scalar ones reads a
+    tensor the model or the loss captured from elsewhere (a loss target made on the CPU): name it."""
+
+    _MOVES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default, torch.ops.aten.lift_fresh.default)
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if func not in self._MOVES:
+            tensors = _tensors((args, kwargs))
+            if any(t.device.type == self.device_type for t in tensors):
+                for t in tensors:
+                    if t.device.type != self.device_type and t.dim() > 0:
+                        raise RecordingError(
+                            f"{func._overloadpacket} reads a {t.device.type} tensor of shape {tuple(t.shape)} "
+                            f"({str(t.dtype).replace('torch.', '')}) while the model records on {self.device_type}: "
+                            f"make it on {self.device_type} too (a target the loss function captured: create it "
+                            "on the same device as the inputs)")
+        return func(*args, **kwargs)
+
+
 # Data-parallel wrappers: their forward only hands over to the wrapped module, whose calls count.
 _WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 
@@ -405,10 +430,15 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     model.train()
 
     time_ops = device.type == "cuda"
+    guard = _DeviceGuard(device.type) if device.type == "meta" else contextlib.nullcontext()
     try:
-        _iteration(model, example_inputs, loss_fn, opt, None)  # warm-up: lazy state appears
+        with guard:
+            _iteration(model, example_inputs, loss_fn, opt, None)  # warm-up: lazy state appears
+    except RecordingError:
+        raise
     except Exception as e:
-        raise RecordingError(f"the model failed in its warm-up iteration: {type(e).__name__}: {e}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RecordingError(f"the model failed in its warm-up iteration: {type(e).__name__}: {first}") from e
     runs = iterations if time_ops else 1
     durations: list[np.ndarray] = []
     recorder = None

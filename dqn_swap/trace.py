@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import io
 import json
 import os
 import zipfile
@@ -58,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .files import write_atomically
 
 FORMAT = "dqn-swap-trace"
 VERSION = 2
@@ -90,6 +93,10 @@ class Role(enum.IntEnum):
 #: Roles a plan may move (swap or remove): what autograd saves for backward.  The runtime
 #: acts through the saved-tensor hooks, so a plan naming anything else could not be followed.
 MOVABLE_ROLES = (Role.SAVED,)
+
+
+#: Bytes a single tensor (or a whole trace) may claim: 1 PiB, beyond any device (a corrupt file says more).
+MAX_BYTES = 2**50
 
 
 class TraceError(ValueError):
@@ -346,11 +353,9 @@ class Trace:
         meta = {"format": FORMAT, "version": VERSION, "op_names": self.op_names,
                 "module_names": self.module_names, **self.meta}
         meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, meta=meta_bytes, **{n: getattr(self, n) for n in (*_ARRAYS, *_OPTIONAL)})
-        os.replace(tmp, path)  # never leave a half-written trace under the real name
-        return path
+        buf = io.BytesIO()
+        np.savez_compressed(buf, meta=meta_bytes, **{n: getattr(self, n) for n in (*_ARRAYS, *_OPTIONAL)})
+        return write_atomically(path, buf.getvalue(), overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Trace":
@@ -402,6 +407,8 @@ class Trace:
             return TraceError(f"{where}: corrupt trace, {msg}")
 
         n_ops, n_t, n_e = self.n_ops, self.n_tensors, self.n_events
+        if n_ops == 0:
+            raise bad("no ops (a trace records at least one)")
         for prefix, n in (("op_", n_ops), ("tensor_", n_t), ("event_", n_e)):
             for name in (*_ARRAYS, *_OPTIONAL):
                 if name.startswith(prefix) and len(getattr(self, name)) != n:
@@ -424,8 +431,25 @@ class Trace:
             raise bad("op name index out of range")
         if n_ops and (self.op_module.min() < 0 or self.op_module.max() >= len(self.module_names)):
             raise bad("module index out of range")
+        for name in ("op_duration", "op_flops", "op_bytes"):
+            values = getattr(self, name)
+            if not np.all(np.isfinite(values)):
+                raise bad(f"{name} is not finite at op {int(np.flatnonzero(~np.isfinite(values))[0])}")
         if np.any(self.tensor_nbytes < 0) or np.any(self.op_duration < 0):
             raise bad("negative size or duration")
+        if n_t and self.tensor_nbytes.max() > MAX_BYTES:
+            raise bad(f"tensor {int(self.tensor_nbytes.argmax())} claims {int(self.tensor_nbytes.max())} bytes, "
+                      f"beyond any device ({format_bytes(MAX_BYTES)} at most)")
+        if n_ops and self.op_scratch.max() > MAX_BYTES:
+            raise bad("a kernel's scratch claims more bytes than any device has")
+        for name, enum_type in (("event_kind", EventKind), ("op_phase", Phase), ("tensor_role", Role)):
+            values = getattr(self, name)
+            known = np.isin(values, [int(v) for v in enum_type])
+            if not np.all(known):
+                raise bad(f"unknown {name.split('_', 1)[1]} {int(values[~known][0])} in column {name}")
+        if n_t and (self.tensor_alloc_op.min() < -1 or self.tensor_alloc_op.max() >= n_ops
+                    or self.tensor_free_op.min() < -1 or self.tensor_free_op.max() >= n_ops):
+            raise bad("a tensor's allocating or freeing op is out of range")
         if len(self.saved) and (self.saved.min() < 0 or self.saved.max() >= n_t):
             raise bad("saved-tensor table refers to a tensor out of range")
 
@@ -591,26 +615,9 @@ class TraceBuilder:
         return trace
 
 
-def resolve_memory_limit(trace: Trace, text: str | int) -> int:
-    """A memory limit in bytes from ``8GiB``-style sizes or a percentage.
+def resolve_memory_limit(trace: Trace, text: "str | int | Any") -> int:
+    """A memory limit in bytes from any of its forms (``"50%"``, ``"0.5x"``, ``"8GiB"``, bytes):
+    :func:`dqn_swap.limits.resolve_limit`, where the forms and the minimum check are defined."""
+    from .limits import resolve_limit
 
-    A percentage is a point between the least memory any plan needs
-    (:attr:`Trace.minimum_memory`, 0%) and the unplanned peak (100%).  Limits
-    below the minimum are refused with a message naming the minimum.
-    """
-    low, high = trace.minimum_memory, trace.peak_bytes
-    if isinstance(text, str) and text.strip().endswith("%"):
-        try:
-            pct = float(text.strip()[:-1])
-        except ValueError:
-            raise ValueError(f"not a percentage: {text!r}") from None
-        if not 0 <= pct <= 100:
-            raise ValueError(f"a percentage limit must be between 0% (the minimum, {format_bytes(low)}) "
-                             f"and 100% (the unplanned peak, {format_bytes(high)}), not {text}")
-        return int(round(low + pct / 100 * (high - low)))
-    limit = text if isinstance(text, int) else parse_bytes(text)
-    if limit < low:
-        raise ValueError(f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this "
-                         f"trace, {format_bytes(low)} ({low} bytes: what stays on the device at its "
-                         "busiest op even with every saved activation moved away between its uses)")
-    return limit
+    return resolve_limit(trace, text)

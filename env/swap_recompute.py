@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from dqn_swap.cost import DeviceProfile, profile_of
+from dqn_swap.limits import LimitSpec, resolve_limit
 from dqn_swap.plan import Action, Plan
 from dqn_swap.trace import Trace
 
@@ -25,7 +27,7 @@ class DynamicState:
     and ``limit`` (transformed scalars), ``time_to_violation`` (float per
     node, zero where not valid) and ``chosen`` (bool per node: its action is
     in the plan) are all the observation adds to the static
-    :class:`~env.candidates.ActionGraph`.
+    :class:`~dqn_swap.env.candidates.ActionGraph`.
     """
 
     valid: np.ndarray
@@ -34,18 +36,6 @@ class DynamicState:
     deficit: float
     time_to_violation: np.ndarray
     chosen: np.ndarray
-
-
-def resolve_limit(trace: Trace, limit: float | int) -> int:
-    """A memory limit in bytes: a float in ``(0, 1]`` is the fraction of the way from
-    ``trace.minimum_memory`` to ``trace.peak_bytes``; anything else is bytes."""
-    if isinstance(limit, (float, np.floating)) and 0.0 < float(limit) <= 1.0:
-        lo, hi = trace.minimum_memory, trace.peak_bytes
-        return int(lo + float(limit) * (hi - lo))
-    value = int(limit)
-    if value <= 0:
-        raise ValueError(f"memory limit must be positive, got {limit!r}")
-    return value
 
 
 def _recompute_links(trace: Trace, sim: Any, g: ActionGraph) -> dict[int, np.ndarray]:
@@ -100,7 +90,7 @@ class SwapRecomputeEnv(gym.Env):
     prefetch it before its next read) or **recompute** (free it after its
     decision event and re-run its producer before its next read).  Decision
     events and action nodes are chosen by the heuristic of
-    :mod:`env.candidates`.  In the ``"events"`` graph, nodes that stand for
+    :mod:`dqn_swap.env.candidates`.  In the ``"events"`` graph, nodes that stand for
     no action exist too; they are never valid.
 
     An action is valid when its tensor has no action yet and it frees memory
@@ -121,7 +111,7 @@ class SwapRecomputeEnv(gym.Env):
     A :class:`gymnasium.spaces.Graph`: ``nodes`` ``(n_nodes, 11)`` float32,
     ``edges`` ``(n_edges, 1)`` float32 time lags, ``edge_links``
     ``(n_edges, 2)`` (both directions).  Node feature columns
-    (:data:`env.candidates.FEATURES`):
+    (:data:`dqn_swap.env.candidates.FEATURES`):
 
     ====  ===================  ====================================================
     col   name                 meaning
@@ -145,7 +135,7 @@ class SwapRecomputeEnv(gym.Env):
     Columns 0-5 are the six features of section 4.4.1; 6 is the memory limit
     (one agent serves many limits); 7-10 are ours.  Edge lags use the time
     transform.  The static structure never changes during an episode: the fast
-    path for learners is :attr:`graph` (an :class:`~env.candidates.ActionGraph`,
+    path for learners is :attr:`graph` (an :class:`~dqn_swap.env.candidates.ActionGraph`,
     built once per trace) plus :meth:`state` (a :class:`DynamicState`).
 
     ## Rewards
@@ -191,8 +181,10 @@ class SwapRecomputeEnv(gym.Env):
 
     ## Arguments
 
-    ``trace`` (Trace), ``memory_limit`` (bytes, or a float in (0, 1]: that
-    fraction of the way from ``trace.minimum_memory`` to ``trace.peak_bytes``),
+    ``trace`` (a Trace, or the path of a trace file), ``memory_limit`` (any form
+    of :mod:`dqn_swap.limits`: ``"50%"`` of the way from ``trace.minimum_memory``
+    to ``trace.peak_bytes``, ``"0.5x"`` the peak, ``"3GiB"``, bytes, or a
+    :class:`~dqn_swap.limits.MemoryLimit`; below the minimum is refused),
     ``profile`` (name or :class:`~dqn_swap.cost.DeviceProfile`, default the
     trace's), ``graph`` (``"candidates"`` or ``"events"``),
     ``infeasible_penalty`` (1.0), ``invalid_penalty`` (0.1),
@@ -202,7 +194,7 @@ class SwapRecomputeEnv(gym.Env):
     ``reward`` (``"whole"`` or ``"accrued"``, above).
 
     ``gymnasium.make("dqn_swap/SwapRecompute-v0", trace=..., memory_limit=...)``
-    works after ``import env``.
+    works after ``import dqn_swap.env``.
 
     ## Version History
 
@@ -211,15 +203,18 @@ class SwapRecomputeEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, trace: Trace, memory_limit: float | int, profile: str | DeviceProfile | None = None,
+    def __init__(self, trace: Trace | str | os.PathLike[str], memory_limit: LimitSpec,
+                 profile: str | DeviceProfile | None = None,
                  *, graph: str = "candidates", infeasible_penalty: float = 1.0, invalid_penalty: float = 0.1,
                  max_episode_steps: int | None = None, simulator: Any = None,
                  action_graph: ActionGraph | None = None, recompute_chains: bool = True,
                  reward: str = "whole", render_mode: str | None = None) -> None:
         from dqn_swap.simulator import Simulator
 
+        if isinstance(trace, (str, os.PathLike)):
+            trace = Trace.load(trace)
         if not isinstance(trace, Trace):
-            raise TypeError(f"trace must be a dqn_swap Trace, not {type(trace).__name__}")
+            raise TypeError(f"trace must be a dqn_swap Trace or the path of a trace file, not {type(trace).__name__}")
         self.profile = profile_of(trace, profile)
         self.trace = trace
         self.memory_limit = resolve_limit(trace, memory_limit)
@@ -464,4 +459,4 @@ class SwapRecomputeEnv(gym.Env):
                 f"feasible {self._feasible}, decision op {self._op}, deficit {self._deficit:.0f} B")
 
 
-__all__ = ["FEATURES", "DynamicState", "SwapRecomputeEnv", "resolve_limit"]
+__all__ = ["FEATURES", "DynamicState", "SwapRecomputeEnv"]

@@ -21,6 +21,7 @@ from dqn_swap.models import build_workload
 from dqn_swap.plan import Plan
 from dqn_swap.recorder import record_trace
 from dqn_swap.runtime import PlannedExecution, make_plan, recomputable_activations, saved_activations
+from dqn_swap.runtime.recompute import leaves
 from dqn_swap.trace import Trace
 
 STEPS = 3
@@ -149,7 +150,7 @@ class Trained:
     losses: list[torch.Tensor]
     state: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
-    eval_output: torch.Tensor
+    eval_output: list[torch.Tensor]
     runtime: PlannedExecution | None
 
 
@@ -175,7 +176,8 @@ def train(name: str, plan: Plan | None = None, steps: int = STEPS, **runtime_kwa
     with torch.no_grad():
         out = w.model(*w.inputs)
     state = {k: v.detach().clone() for k, v in w.model.state_dict().items()}
-    return Trained(losses, state, opt.state_dict(), out.detach().clone(), rt)
+    outputs = [x.detach().clone() for x in leaves(out) if isinstance(x, torch.Tensor)]  # a tensor or a ModelOutput
+    return Trained(losses, state, opt.state_dict(), outputs, rt)
 
 
 @lru_cache(maxsize=None)
@@ -213,7 +215,8 @@ def assert_same_training(name: str, got: Trained) -> None:
         a, b = fa[key], fb[key]
         same = torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
         assert same, f"{name}: optimizer state {key!r} differs"
-    assert torch.equal(ref.eval_output, got.eval_output), f"{name}: eval-mode outputs differ"
+    assert len(ref.eval_output) == len(got.eval_output)
+    assert all(torch.equal(a, b) for a, b in zip(ref.eval_output, got.eval_output)), f"{name}: eval-mode outputs differ"
 
 
 def hand_plan(name: str, kind: str) -> Plan:

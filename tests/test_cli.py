@@ -34,7 +34,7 @@ def test_record_then_inspect(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["record", "--model", "resnet9000"], "unknown model 'resnet9000'"),
-    (["record", "--model", "mlp_tiny", "--batch-size", "0"], "batch size must be at least 1"),
+    (["record", "--model", "mlp_tiny", "--batch-size", "0"], "batch size must be a whole number"),
     (["record", "--model", "mlp_tiny", "--profile", "tpu"], "unknown device profile 'tpu'"),
     (["record", "--model", "mlp_tiny", "-o", "/nonexistent-dir/x.trace"], "does not exist"),
     (["record", "--model", "tests.test_cli:broken_workload"], "failed"),

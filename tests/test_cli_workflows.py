@@ -93,7 +93,7 @@ def agent(folder, mlp):
 
 # --------------------------------------------------------------------------- train
 def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
-    from agents.dqn import load_agent
+    from dqn_swap.agents.dqn import load_agent
     from dqn_swap.plan import Plan
 
     path, summary = agent
@@ -143,7 +143,7 @@ def test_limit_below_the_minimum_names_it(mlp, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["-m", "0.5"], "has no unit"),
+    (["-m", "0.5"], "ambiguous"),
     (["-m", "150%"], "between 0%"),
     (["-m", "50%", "--set", "nonsense=1"], "not a training setting"),
     (["-m", "50%", "--set", "oops"], "key=value"),
@@ -160,7 +160,7 @@ def test_train_unknown_trace_one_line(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- finetune
 def test_finetune_from_the_trained_agent(agent, mlp, tmp_path, capsys):
-    from agents.dqn import load_agent
+    from dqn_swap.agents.dqn import load_agent
 
     source, _ = agent
     out_path = tmp_path / "ft.pt"
@@ -212,12 +212,12 @@ def test_run_with_a_baseline_planner_and_a_multiple_of_the_peak(tmp_path, capsys
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         code, out, err = run(["run", "--model", "mlp_tiny", "--batch-size", "4", "--device", "cpu", "--planner",
-                              "greedy", "-m", "0.9x", "--steps", "1", "--methods", "unplanned,planned",
+                              "greedy", "-m", "1.2x", "--steps", "1", "--methods", "unplanned,planned",
                               "-o", str(report_path), "--quiet", "--json"], capsys)
     assert code == 0, err
     printed = json.loads(out)
     report = json.loads(report_path.read_text())
-    assert printed["memory_limit"] == report["memory_limit"] == int(0.9 * report["unplanned_peak_bytes"])
+    assert printed["memory_limit"] == report["memory_limit"] == round(1.2 * report["unplanned_peak_bytes"])
     assert report["plan"]["planner"] == "greedy" and set(report["methods"]) == {"unplanned", "planned"}
     assert err == ""  # --quiet
 

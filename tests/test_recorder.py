@@ -120,7 +120,7 @@ def test_a_model_that_raises_names_the_op():
             self.fc = torch.nn.Linear(4, 3)
 
         def forward(self, x):
-            return self.fc(x) @ torch.ones(4, 4)  # shape mismatch
+            return self.fc(x) @ torch.ones(4, 4, device=x.device)  # shape mismatch
 
     with pytest.raises(RecordingError, match="failed"):
         record_trace(Broken(), torch.randn(2, 4), lambda y: y.sum(), None, device="meta")

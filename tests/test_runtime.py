@@ -28,7 +28,7 @@ PLANNERS = {"greedy": "swap", "checkpoint": "recompute", "lru": "mixed", "dqn": 
 
 
 def planner_plan(name: str, planner: str) -> Plan:
-    from agents import get_planner
+    from dqn_swap.agents import get_planner
 
     trace = trace_of(name)
     return get_planner(planner).plan(trace, resolve_memory_limit(trace, "30%"))

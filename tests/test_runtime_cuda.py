@@ -137,7 +137,7 @@ def test_expandable_segments_are_on() -> None:
 
 
 def test_peak_allocated_stays_under_the_limit() -> None:
-    baselines = pytest.importorskip("agents.baselines")
+    baselines = pytest.importorskip("dqn_swap.agents.baselines")
     from dqn_swap.cost import measure_profile
     from dqn_swap.simulator import simulate
 

@@ -32,7 +32,7 @@ CASE_LIMITS = ("70%", "40%")
 
 @lru_cache(maxsize=None)
 def plan_for(name: str, planner: str, limit: str):  # noqa: ANN201
-    from agents import get_planner
+    from dqn_swap.agents import get_planner
 
     trace = trace_of(name)
     return get_planner(planner).plan(trace, resolve_memory_limit(trace, limit))

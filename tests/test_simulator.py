@@ -836,7 +836,7 @@ def test_prefetch_order_is_next_use_and_head_blocks() -> None:
 
 def test_a_measured_profile_travels_with_the_trace(tmp_path) -> None:
     """A trace recorded with a measured profile is planned with its figures on any machine."""
-    from agents import get_planner
+    from dqn_swap.agents import get_planner
     from dqn_swap.cost import profile_of
 
     trace, t = figure4_trace()

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.trace import Trace
-from env.swap_recompute import SwapRecomputeEnv, resolve_limit
+from dqn_swap.limits import LimitSpec, MemoryLimit
+from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .buffer import NStepAccumulator, ReplayBuffer
 from .checkpoint import (CheckpointError, load_agent, load_resume, resume_path, save_agent, save_resume)
@@ -52,7 +53,7 @@ def _as_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def make_envs(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence[float | int],
+def make_envs(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],
               profile: str | DeviceProfile | None, config: DQNConfig) -> list[SwapRecomputeEnv]:
     """One environment per (trace, limit); the static graph of a trace is built once."""
     envs = []
@@ -66,10 +67,9 @@ def make_envs(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequ
     return envs
 
 
-def _limit_label(trace: Trace, limit: float | int) -> str:
-    if isinstance(limit, float) and 0 < limit <= 1:
-        return f"{round(limit * 100)}%"
-    return str(resolve_limit(trace, limit))
+def _limit_label(trace: Trace, limit: LimitSpec) -> str:
+    parsed = MemoryLimit.parse(limit)
+    return f"{parsed.value:g}%" if parsed.kind == "percent" else str(parsed.resolve(trace))
 
 
 def evaluate(net: QNetwork, batcher: GraphBatcher, envs: Sequence[SwapRecomputeEnv]) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: 
     return float(loss.item()), float(q_sa.mean().item())
 
 
-def train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence[float | int],
+def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],
           out_path: str | os.PathLike[str], config: DQNConfig | None = None, *,
           profile: str | DeviceProfile | None = None, log_dir: str | os.PathLike[str] | None = "runs",
           run_name: str | None = None, progress: bool | None = None, resume: bool = False,
@@ -132,8 +132,8 @@ def train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence
           command: str | None = None, threads: int | None = None) -> TrainResult:
     """Train an agent on ``traces`` at ``memory_limits`` and save it to ``out_path``.
 
-    ``memory_limits``: one limit or a list (bytes, or fractions in (0, 1] of the
-    way from ``trace.minimum_memory`` to ``trace.peak_bytes``); every trace is
+    ``memory_limits``: one limit or a list, any form of :mod:`dqn_swap.limits`
+    (``"70%"``, ``"0.5x"``, ``"3GiB"``, bytes, a ``MemoryLimit``); every trace is
     paired with every limit and episodes cycle through the pairs.  Seeded by
     ``config.seed``: the same call gives the same agent.  TensorBoard logs go to
     ``log_dir/run_name`` (None: no logs); a tqdm bar shows on a terminal
@@ -152,7 +152,7 @@ def train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence
                       init_from=init_from, command=command)
 
 
-def _train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequence[float | int],
+def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],
            out_path: Path, config: DQNConfig, *, profile: str | DeviceProfile | None,
            log_dir: str | os.PathLike[str] | None, run_name: str | None, progress: bool | None,
            resume: bool, overwrite: bool, init_from: str | os.PathLike[str] | None,
@@ -317,7 +317,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: float | int | Sequenc
 
 
 def finetune(from_checkpoint: str | os.PathLike[str], traces: Trace | Sequence[Trace],
-             memory_limits: float | int | Sequence[float | int], out_path: str | os.PathLike[str], *,
+             memory_limits: LimitSpec | Sequence[LimitSpec], out_path: str | os.PathLike[str], *,
              total_timesteps: int | None = None, start_e: float = 0.2, learning_starts: int = 200,
              lr_factor: float = 0.3, **kwargs: Any) -> TrainResult:
     """Continue training ``from_checkpoint`` on ``traces`` (section 4.4.2: train on a small

@@ -1,6 +1,6 @@
 """Experience replay (the set D of Algorithm 1), optionally prioritised, with n-step returns.
 
-States are stored compactly: the graph key and the :class:`~env.swap_recompute.DynamicState`
+States are stored compactly: the graph key and the :class:`~dqn_swap.env.swap_recompute.DynamicState`
 (validity bits and the few changing numbers), never the whole observation.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.swap_recompute import DynamicState
+from dqn_swap.env.swap_recompute import DynamicState
 
 
 @dataclass

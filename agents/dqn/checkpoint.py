@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from dqn_swap.files import write_atomically
+
 from .config import DQNConfig
 from .policy import QNetwork
 
@@ -37,15 +39,10 @@ class CheckpointError(ValueError):
 
 
 def _atomic_save(obj: Any, path: Path, overwrite: bool) -> Path:
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path}: already exists (pass overwrite=True / --force to replace it)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     buf = io.BytesIO()
     torch.save(obj, buf)
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, buf.getvalue(), overwrite=overwrite)
 
 
 def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *,
@@ -90,6 +87,9 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork, DQNConfig, dict[
         config = DQNConfig.from_dict(dict(obj["config"]))
         net = QNetwork(config)
         net.load_state_dict(obj["state_dict"])
+        bad = [k for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"weights {bad[0]} are not finite (NaN or infinity)")
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: corrupt checkpoint ({first[:160]})") from None

@@ -19,7 +19,7 @@ class DQNConfig:
     ``head_features`` (ours: the Q head also reads the node's own features).
 
     Environment: ``graph`` (``"candidates"`` or ``"events"``, see
-    :mod:`env.candidates`), ``recompute_chains`` (False: a recompute action
+    :mod:`dqn_swap.env.candidates`), ``recompute_chains`` (False: a recompute action
     that would need another removed tensor re-run first is invalid, see
     :class:`env.SwapRecomputeEnv`), ``reward`` (``"whole"``: every action is
     charged its whole cost when taken; ``"accrued"``: only the stalls before
@@ -76,6 +76,10 @@ class DQNConfig:
     eval_every: int = 2_000
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            _check(field.name, getattr(self, field.name))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -96,3 +100,43 @@ class DQNConfig:
 #: What agents saved before a setting existed were trained and run with.
 BEFORE_KEYS: dict[str, Any] = {"recompute_chains": True, "reward": "accrued", "aggr": "sum",
                                "head_features": False}
+
+
+# What each setting may be: (type, low, high) for numbers (inclusive; None: unbounded), or the choices.
+_RULES: dict[str, Any] = {
+    "p": (int, 1, 1024), "T": (int, 1, 32), "readout": ("sum", "mean"), "head": ("eq3", "mlp"),
+    "head_features": bool, "aggr": ("sum", "mean"), "bias": bool, "graph": ("candidates", "events"),
+    "recompute_chains": bool, "reward": ("whole", "accrued"), "infeasible_penalty": (float, 0, None),
+    "invalid_penalty": (float, 0, None), "total_timesteps": (int, 1, 10**9), "learning_rate": (float, 1e-12, 10),
+    "buffer_size": (int, 1, 10**8), "batch_size": (int, 1, 65536), "gamma": (float, 0, 1),
+    "reward_scale": (float, 1e-12, 1e6), "learning_starts": (int, 0, 10**9), "train_frequency": (int, 1, 10**6),
+    "loss": ("mse", "huber"), "max_grad_norm": (float, 0, None), "start_e": (float, 0, 1), "end_e": (float, 0, 1),
+    "exploration_fraction": (float, 1e-12, 1), "target_network": bool, "target_update": (int, 1, 10**9),
+    "n_step": (int, 1, 1000), "double_q": bool, "prioritized": bool, "per_alpha": (float, 0, 1),
+    "per_beta": (float, 0, 1), "mask_target": bool, "eval_every": (int, 1, 10**9), "seed": (int, 0, 2**63 - 1),
+}
+
+
+def _check(name: str, value: Any) -> None:
+    """Refuse a setting outside its rule with one line that names it (``--set``, checkpoints)."""
+    import math
+
+    rule = _RULES.get(name)
+    if rule is None:
+        return
+    if rule is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"DQN setting {name} must be True or False, not {value!r}")
+        return
+    if isinstance(rule, tuple) and rule and isinstance(rule[0], str):
+        if value not in rule:
+            raise ValueError(f"DQN setting {name} must be one of {', '.join(rule)}, not {value!r}")
+        return
+    kind, low, high = rule
+    ok_type = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+    what = "a whole number" if kind is int else "a finite number"
+    bounds = "" if low is None and high is None else (
+        f" from {low:g} to {high:g}" if high is not None else f" of at least {low:g}")
+    if not ok_type or (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"DQN setting {name} must be {what}{bounds}, not {value!r}")

@@ -37,17 +37,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents import AUTO_COVER_NODES, DQN_DECODINGS
+from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.plan import Plan
 from dqn_swap.trace import Trace
-from env.swap_recompute import SwapRecomputeEnv
+from dqn_swap.checkpoints import path as shipped_agent
+from dqn_swap.limits import LimitSpec
+from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .checkpoint import load_agent
 from .config import DQNConfig
 from .policy import GraphBatcher, QNetwork, q_values
 
-DEFAULT_AGENT = Path(__file__).resolve().parents[2] / "checkpoints" / "default.pt"
+DEFAULT_AGENT = shipped_agent("default.pt")  # installed with the package (dqn_swap.checkpoints)
 
 
 @contextmanager
@@ -66,7 +68,7 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def make_env(trace: Trace, memory_limit: float | int, profile: str | DeviceProfile | None,
+def make_env(trace: Trace, memory_limit: LimitSpec, profile: str | DeviceProfile | None,
              config: DQNConfig, **kwargs: Any) -> SwapRecomputeEnv:
     """The environment an agent with ``config`` was trained in."""
     return SwapRecomputeEnv(trace, memory_limit, profile, graph=config.graph,

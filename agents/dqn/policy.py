@@ -16,8 +16,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import scatter
 
-from env.candidates import F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, N_FEATURES, ActionGraph
-from env.swap_recompute import DynamicState
+from dqn_swap.env.candidates import F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, N_FEATURES, ActionGraph
+from dqn_swap.env.swap_recompute import DynamicState
 
 from .config import DQNConfig
 

@@ -24,7 +24,7 @@ def load_trace_spec(spec: str, profile: str = "v100-pcie3") -> Trace:
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` pairs for :class:`~agents.dqn.config.DQNConfig` (values parsed as Python literals)."""
+    """``key=value`` pairs for :class:`~dqn_swap.agents.dqn.config.DQNConfig` (values parsed as Python literals)."""
     import ast
 
     out: dict[str, Any] = {}

@@ -24,8 +24,15 @@ class UserError(Exception):
     """A problem the user can fix; printed as one line."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (and the way to the help) instead of usage plus error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dqn-swap",
         description="Train networks larger than GPU memory: record one training iteration, "
                     "plan which tensors to swap to host memory or recompute, and run the plan.",
@@ -33,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                "then dqn-swap inspect r50.trace and dqn-swap plan r50.trace -m 50% -o plan.json.  "
                "Each subcommand has --help.")
     parser.add_argument("--version", action="version", version=f"dqn-swap {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     for module in SUBCOMMANDS:
         module.add_parser(sub)
     return parser

@@ -24,6 +24,18 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def batch_size(text: str) -> int:
+    """argparse type of ``--batch-size``: a whole number in range, said in one line otherwise."""
+    import argparse
+
+    from ..models.names import check_batch_size
+
+    try:
+        return check_batch_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def load_trace(path: str) -> Trace:
     return Trace.load(path)
 

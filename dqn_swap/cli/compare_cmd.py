@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "ove
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from agents import PLANNER_NAMES
+    from dqn_swap.agents import PLANNER_NAMES
 
     p = sub.add_parser(
         "compare", help="compare planners on traces at several memory limits (table and plots)",
@@ -42,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def planner_names(spec: str) -> list[str]:
-    from agents import PLANNER_NAMES
+    from dqn_swap.agents import PLANNER_NAMES
 
     if spec.strip() == "all":
         return list(PLANNER_NAMES)
@@ -56,7 +57,7 @@ def planner_names(spec: str) -> list[str]:
 def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str], agent: str | None = None,
                  progress: bool = False) -> list[dict[str, Any]]:
     """Plan and simulate every (trace, limit, planner) cell; one row per cell."""
-    from agents import get_planner
+    from dqn_swap.agents import get_planner
 
     from ..cost import profile_of
     from ..trace import resolve_memory_limit
@@ -159,16 +160,33 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
 def run(args: argparse.Namespace) -> int:
     from ..plots import check_output
 
+    from ..limits import MemoryLimit
+
     planners = planner_names(args.planners)
+    if not planners:
+        raise ValueError("--planners is empty; name some (for example greedy,lru,dqn) or all")
     limits = [s.strip() for s in args.memory_limits.split(",") if s.strip()]
+    if not limits:
+        raise ValueError("--memory-limits is empty (for example 90%,70%,50%,30%)")
+    for lim in limits:
+        MemoryLimit.parse(lim)
+    if not args.traces:
+        raise ValueError("no trace to compare")
     traces = {}
     for path in args.traces:
         traces[Path(path).stem if Path(path).stem not in traces else path] = load_trace(path)
     folder = Path(args.output)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder}: is a file; -o names the folder the comparison is written to")
+    if folder.exists():
+        md_path = check_output(folder / "compare.md", args.force)
+        csv_path = check_output(folder / "compare.csv", args.force)
+    if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
+        raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
+    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal())
+    folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)
     csv_path = check_output(folder / "compare.csv", args.force)
-    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal())
     table = markdown_table(rows)
     md_path.write_text(table.lstrip() + "\n")
     with open(csv_path, "w", newline="") as f:

@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from ..limits import LimitSpec, MemoryLimit
 from ..meter import AllocatorTimeline
 from ..plan import Plan
 from ..runtime import (PlannedExecution, enable_expandable_segments, make_plan, recomputable_activations,
@@ -92,7 +93,7 @@ def get_run_planner(planner: str, agent: str | None = None) -> Any:
     if planner in BUILTIN_PLANNERS:
         return _BuiltinPlanner(planner)
     try:
-        from agents import PLANNER_NAMES, get_planner  # type: ignore[import-not-found]
+        from dqn_swap.agents import PLANNER_NAMES, get_planner  # type: ignore[import-not-found]
     except ImportError as e:
         raise ValueError(f"planner {planner!r} needs the agents package ({e}); built-in planners: "
                          f"{', '.join(BUILTIN_PLANNERS)}") from None
@@ -260,65 +261,11 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
 
 
 # --------------------------------------------------------------------------- the run
-def parse_limit(memory_limit: int | float | str) -> tuple[str, float]:
-    """The kind and value of a memory limit: ``("percent", 50.0)`` for "50%", ``("times", 0.5)`` for
-    "0.5x" or a float <= 1, ``("bytes", n)`` for an int, a float > 1 or a size such as "8GiB".
-
-    A bare number <= 1 written as text ("0.5") is refused as ambiguous.
-    """
-    from ..trace import parse_bytes
-
-    if isinstance(memory_limit, bool):
-        raise ValueError(f"not a memory limit: {memory_limit!r}")
-    if isinstance(memory_limit, int):
-        return "bytes", float(memory_limit)
-    if isinstance(memory_limit, float):
-        if memory_limit <= 0:
-            raise ValueError(f"memory limit must be positive, not {memory_limit}")
-        return ("times", memory_limit) if memory_limit <= 1.0 else ("bytes", float(int(memory_limit)))
-    text = str(memory_limit).strip()
-    if text.endswith("%"):
-        try:
-            return "percent", float(text[:-1])
-        except ValueError:
-            raise ValueError(f"not a percentage: {text!r}") from None
-    if text[-1:] in ("x", "X"):
-        try:
-            factor = float(text[:-1])
-        except ValueError:
-            raise ValueError(f"not a multiple of the unplanned peak: {text!r} (example: 0.5x)") from None
-        if factor <= 0:
-            raise ValueError(f"memory limit must be positive, not {text}")
-        return "times", factor
-    try:
-        bare = float(text)
-    except ValueError:
-        bare = None
-    if bare is not None and bare <= 1:
-        raise ValueError(f"memory limit {text!r} is ambiguous: write {bare * 100:g}% (of the way from the "
-                         f"minimum to the unplanned peak), {bare:g}x (times the unplanned peak) or a size "
-                         "such as 8GiB")
-    return "bytes", float(parse_bytes(text))
-
-
-def _resolve_limit(memory_limit: int | float | str, trace: Trace, unplanned_peak: int, *,
+def _resolve_limit(memory_limit: LimitSpec, trace: Trace, unplanned_peak: int, *,
                    check_minimum: bool = True) -> int:
-    """``memory_limit`` in bytes.
-
-    "50%" means what it means everywhere in dqn-swap: halfway from the least memory any plan
-    needs (``trace.minimum_memory``, 0%) to the trace's unplanned peak (100%),
-    :func:`dqn_swap.trace.resolve_memory_limit`.  "0.5x" (or the float 0.5) is half of
-    ``unplanned_peak``.  Sizes are bytes; with ``check_minimum`` a size below the trace's
-    minimum is refused with a message naming the minimum.
-    """
-    from ..trace import resolve_memory_limit
-
-    kind, value = parse_limit(memory_limit)
-    if kind == "percent":
-        return resolve_memory_limit(trace, str(memory_limit).strip())
-    if kind == "times":
-        return int(value * unplanned_peak)
-    return resolve_memory_limit(trace, int(value)) if check_minimum else int(value)
+    """``memory_limit`` in bytes (:mod:`dqn_swap.limits`); a multiple is of ``unplanned_peak``."""
+    return MemoryLimit.parse(memory_limit).resolve(trace, unplanned_peak=unplanned_peak,
+                                                   check_minimum=check_minimum)
 
 
 def _profile(profile: str | DeviceProfile | None, device: torch.device) -> DeviceProfile:
@@ -347,21 +294,21 @@ def record(model_name: str, batch_size: int, device: torch.device, profile: Devi
     return trace
 
 
-def run_planned_training(model_name: str, batch_size: int, memory_limit: int | float | str = 0.5,
+def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSpec = "0.5x",
                          planner: str = "greedy-swap", steps: int = 10, device: str | torch.device | None = None,
                          *, profile: str | DeviceProfile | None = None,
                          methods: tuple[str, ...] | list[str] = METHODS, warmup: int = 1, seed: int = 0,
                          expandable_segments: bool = True, plan: Plan | None = None, trace: Trace | None = None,
-                         budget: int | str | None = None, max_batch_methods: tuple[str, ...] | list[str] = (),
+                         budget: LimitSpec | None = None, max_batch_methods: tuple[str, ...] | list[str] = (),
                          agent: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Record, plan and train ``model_name`` with the runtime; compare with the other methods.
 
     Args:
         model_name, batch_size: the workload (:func:`dqn_swap.models.build_workload`).
-        memory_limit: bytes, a size string ("8GiB"), a percentage string ("50%": as everywhere in
-            dqn-swap, halfway from the recorded trace's minimum memory, 0%, to its unplanned peak,
-            100%), or a multiple of the unplanned peak, "0.5x" or the float 0.5 (the peak measured
-            by the unplanned run on CUDA, else the trace's).  See :func:`parse_limit`.
+        memory_limit: any form of :mod:`dqn_swap.limits`: bytes, a size ("8GiB"), a percentage
+            ("50%": halfway from the recorded trace's minimum memory, 0%, to its unplanned peak,
+            100%), or a multiple of the unplanned peak ("0.5x": the peak measured by the unplanned
+            run on CUDA, else the trace's).
         planner: a built-in planner (:data:`BUILTIN_PLANNERS`) or any name of
             ``agents.get_planner``: the baselines and the learned ``dqn`` / ``dqn-search``.
         steps: measured optimizer steps per method, after ``warmup`` steps.
@@ -581,7 +528,7 @@ def report_table(report: dict[str, Any]) -> str:
 
 
 __all__ = ["BUILTIN_PLANNERS", "METHODS", "block_modules", "builtin_plan", "checkpoint_blocks", "compare",
-           "get_run_planner", "largest_batch", "make_planned", "parse_limit", "record", "report_table",
+           "get_run_planner", "largest_batch", "make_planned", "measured_cpu_peak", "record", "report_table",
            "run_planned_training", "simulate_plan", "train_steps"]
 
 

@@ -35,11 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.dqn.report import parse_overrides
+    from dqn_swap.agents.dqn.report import parse_overrides
 
     out = check_outputs(args, resume=args.resume)
     if args.source is None:
-        from agents.dqn.planner import DEFAULT_AGENT
+        from dqn_swap.agents.dqn.planner import DEFAULT_AGENT
 
         source = Path(DEFAULT_AGENT)
     else:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     check_settings(overrides)
     traces = load_traces(args.traces, args.profile)
     limits = training_limits(traces, split_limits(args.memory_limits))
-    from agents.dqn.algorithm import finetune
+    from dqn_swap.agents.dqn.algorithm import finetune
 
     result = finetune(source, list(traces.values()), limits, out, total_timesteps=args.steps, start_e=args.start_e,
                       config_overrides=overrides, profile=args.profile, log_dir=log_dir(args.log_dir),

@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from ..cost import DEFAULT_PROFILE, PROFILES
-from .common import human, print_json, print_table
+from .common import batch_size, human, print_json, print_table
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"a zoo network ({', '.join(MODEL_NAMES)}) or your own, as "
                         "'package.module:function' where function(batch_size, device) returns a "
                         "dqn_swap.models.Workload")
-    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
-    p.add_argument("--device", default="meta",
+    p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
+    p.add_argument("--device", default="meta", choices=["meta", "cpu", "cuda"],
                    help="meta (no memory, times from the profile; default), cpu, or cuda "
                         "(times measured with CUDA events)")
     p.add_argument("--profile", default=DEFAULT_PROFILE,
@@ -46,24 +46,40 @@ def load_workload(spec: str, batch_size: int, device: str, seed: int):
     if ":" not in spec:
         return build_workload(spec, batch_size, device, seed=seed)
     module_name, _, fn_name = spec.partition(":")
+    if module_name == "hf":
+        return build_workload(spec, batch_size, device, seed=seed)
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, ValueError) as e:
         raise ValueError(f"cannot load model {spec!r}: {e}") from None
-    return fn(batch_size, device)
+    if not callable(fn):
+        raise ValueError(f"model {spec!r}: {module_name}.{fn_name} is not a function")
+    try:
+        workload = fn(batch_size, device)
+    except Exception as e:  # noqa: BLE001 - the user's code: say where it failed, in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"model {spec!r}: {fn_name}(batch_size, device) raised {type(e).__name__}: {first}"[:300]
+                         ) from None
+    if not all(hasattr(workload, a) for a in ("model", "example_inputs", "loss_fn", "make_optimizer")):
+        raise ValueError(f"model {spec!r}: {fn_name}(batch_size, device) must return a dqn_swap.models.Workload, "
+                         f"not {type(workload).__name__}")
+    return workload
 
 
 def run(args: argparse.Namespace) -> int:
     from ..cost import measure_profile
     from ..recorder import record_trace
 
-    if args.batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, not {args.batch_size}")
     output = Path(args.output or f"{args.model.replace(':', '_')}-b{args.batch_size}.trace")
-    if output.exists() and not args.force:
-        raise FileExistsError(f"{output}: already exists (pass --force to replace it)")
-    if not output.parent.exists():
-        raise FileNotFoundError(f"{output}: directory {output.parent} does not exist")
+    from ..plots import check_output
+
+    check_output(output, args.force)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA GPU is available here (record on cpu, or on meta with a "
+                             "device profile)")
     profile = measure_profile(args.device) if args.profile == "measured" else args.profile
     if isinstance(profile, str) and profile not in PROFILES:
         raise ValueError(f"unknown device profile {profile!r}; choose one of: {', '.join(PROFILES)}")

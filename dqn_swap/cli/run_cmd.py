@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .common import batch_size
+
 # The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
 # --help does not import torch (a test checks they agree).
 METHOD_NAMES = ("unplanned", "planned", "checkpoint", "save_on_cpu")
@@ -19,7 +21,7 @@ RUN_LIMIT_HELP = ("GPU memory limit for the plan: a percentage, as everywhere in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from agents import PLANNER_NAMES
+    from dqn_swap.agents import PLANNER_NAMES
 
     from ..models import MODEL_NAMES
 
@@ -36,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.5x --planner greedy "
                "--max-batch planned,checkpoint (0.5x: half the unplanned peak)")
     p.add_argument("--model", required=True, help=f"a zoo network: {', '.join(MODEL_NAMES)}")
-    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
     p.add_argument("--memory-limit", "-m", required=True, help=RUN_LIMIT_HELP)
     p.add_argument("--planner", default="dqn",
                    help=f"who plans: {', '.join(PLANNER_NAMES)}, or the runtime's own "
@@ -77,30 +79,29 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..cost import PROFILES
-    from .experiment import get_run_planner, parse_limit, report_table, run_planned_training
+    from ..limits import MemoryLimit
+    from .experiment import get_run_planner, report_table, run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
-    if args.batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, not {args.batch_size}")
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, not {args.steps}")
     run_methods = methods(args.methods, "--methods")
     if not run_methods:
         raise ValueError("--methods is empty; choose from " + ", ".join(METHOD_NAMES))
     max_batch = methods(args.max_batch, "--max-batch")
-    parse_limit(args.memory_limit)  # syntax errors now, not after recording and training
+    MemoryLimit.parse(args.memory_limit)  # syntax errors now, not after recording and training
     if args.budget is not None:
-        parse_limit(args.budget)
+        MemoryLimit.parse(args.budget)
     if args.profile is not None and args.profile != "measured" and args.profile not in PROFILES:
         raise ValueError(f"unknown device profile {args.profile!r}; choose one of: measured, {', '.join(PROFILES)}")
     from ..models import MODEL_NAMES
 
-    if args.model not in MODEL_NAMES:
+    if args.model not in MODEL_NAMES and not args.model.startswith("hf:"):
         raise ValueError(f"unknown model {args.model!r}; valid names: {', '.join(MODEL_NAMES)}")
-    out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not args.force:
-        raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
+    from ..plots import check_output
+
+    out = check_output(args.output, args.force) if args.output else None
     get_run_planner(args.planner, args.agent)  # unknown names and unreadable checkpoints fail now
 
     def say(message: str) -> None:

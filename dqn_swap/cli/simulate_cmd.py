@@ -8,13 +8,14 @@ import time
 from ..cost import PROFILES
 from .common import human, load_trace, print_json, print_table
 
-LIMIT_HELP = ("GPU memory limit: bytes with a unit (8GiB, 6.5GB, 512MiB) or a percentage, where 0%% is the "
-              "least memory any plan needs (what stays at the busiest op with every saved activation "
-              "moved away between its uses) and 100%% the unplanned peak")
+LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
+              "the busiest op with every saved activation away from its last forward use to its next use) "
+              "and 100%% the unplanned peak; a multiple of the unplanned peak (0.5x); or bytes with a unit "
+              "(8GiB, 6.5GB, 512MiB). A bare number is bytes; one of at most 1 is refused as ambiguous")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    from agents import AUTO_COVER_NODES, DQN_DECODINGS, PLANNER_NAMES
+    from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS, PLANNER_NAMES
 
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
               decode: str = "auto"):
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
-    from agents import get_planner
+    from dqn_swap.agents import get_planner
 
     from ..cost import profile_of
     from ..trace import resolve_memory_limit
@@ -108,9 +109,9 @@ def run_simulate(args: argparse.Namespace) -> int:
 def run_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    out = Path(args.output)
-    if out.exists() and not args.force:
-        raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
+    from ..plots import check_output
+
+    out = check_output(Path(args.output), args.force)
     trace = load_trace(args.trace)
     plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode)
     plan.save(out, overwrite=args.force)

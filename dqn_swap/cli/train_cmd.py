@@ -13,9 +13,6 @@ from .simulate_cmd import LIMIT_HELP
 TRACE_HELP = ("a trace file written by 'dqn-swap record', or MODEL:BATCH (a zoo network, recorded now "
               "on the meta device, for example resnet_tiny:8)")
 LIMITS_HELP = "comma-separated memory limits, each paired with every trace (default 90%%,70%%,50%%,30%%). "
-# Stands for 0% when handing limits to the trainer, which takes fractions in (0, 1]:
-# lo + 1e-12 * (peak - lo) rounds down to lo for any trace under a terabyte.
-ZERO_PERCENT = 1e-12
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +39,7 @@ def add_training_options(p: argparse.ArgumentParser, default_limits: str) -> Non
     p.add_argument("--memory-limits", "-m", default=default_limits, help=LIMITS_HELP + LIMIT_HELP)
     p.add_argument("-o", "--output", required=True, help="agent checkpoint to write (.pt)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="change a training setting (a field of agents.dqn.DQNConfig, for example "
+                   help="change a training setting (a field of dqn_swap.agents.dqn.DQNConfig, for example "
                         "--set eval_every=500 --set learning_rate=3e-4); repeatable")
     p.add_argument("--profile", help="device profile for transfer times (default: the one each trace was "
                                      "recorded with; MODEL:BATCH traces are recorded with v100-pcie3)")
@@ -63,56 +60,35 @@ def split_limits(text: str) -> list[str]:
     return limits
 
 
-def check_limit_text(text: str) -> None:
-    """Refuse a bare number <= 1: a percentage or a size was meant."""
-    try:
-        bare = float(text)
-    except ValueError:
-        return
-    if bare <= 1:
-        raise ValueError(f"memory limit {text!r} has no unit: write a percentage such as {bare * 100:g}% "
-                         "or a size such as 8GiB")
+def training_limits(traces: dict[str, Any], texts: list[str]) -> list[Any]:
+    """The CLI's limits as the trainer takes them (:class:`dqn_swap.limits.MemoryLimit`), checked
+    against every trace."""
+    from ..limits import MemoryLimit
 
-
-def training_limits(traces: dict[str, Any], texts: list[str]) -> list[float | int]:
-    """The CLI's limits as the trainer takes them, checked against every trace.
-
-    A percentage (0% the trace's minimum memory, 100% its unplanned peak) becomes the fraction
-    the trainer resolves the same way per trace; a size becomes bytes.
-    """
-    from ..trace import parse_bytes, resolve_memory_limit
-
-    out: list[float | int] = []
+    out = []
     for text in texts:
-        check_limit_text(text)
+        limit = MemoryLimit.parse(text)
         for name, trace in traces.items():
             try:
-                resolve_memory_limit(trace, text)
+                limit.resolve(trace)
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
-        if text.endswith("%"):
-            out.append(float(text[:-1]) / 100 or ZERO_PERCENT)
-        else:
-            out.append(parse_bytes(text))
+        out.append(limit)
     return out
 
 
 def check_outputs(args: argparse.Namespace, resume: bool = False) -> Path:
     """Refuse to replace files before any work is done."""
-    out = Path(args.output)
-    if out.exists() and not args.force and not resume:
-        raise FileExistsError(f"{out}: already exists (pass --force to replace it)")
-    if out.is_dir():
-        raise IsADirectoryError(f"{out}: is a directory")
-    if args.curve:
-        from ..plots import check_output
+    from ..plots import check_output
 
+    out = check_output(args.output, args.force or resume)
+    if args.curve:
         check_output(args.curve, args.force)
     return out
 
 
 def load_traces(specs: list[str], profile: str | None) -> dict[str, Any]:
-    from agents.dqn.report import load_trace_spec
+    from dqn_swap.agents.dqn.report import load_trace_spec
 
     from ..cost import DEFAULT_PROFILE, PROFILES
 
@@ -134,7 +110,7 @@ def load_traces(specs: list[str], profile: str | None) -> dict[str, Any]:
 def check_settings(overrides: dict[str, Any]) -> None:
     import dataclasses
 
-    from agents.dqn import DQNConfig
+    from dqn_swap.agents.dqn import DQNConfig
 
     names = [f.name for f in dataclasses.fields(DQNConfig)]
     unknown = [k for k in overrides if k not in names]
@@ -156,7 +132,7 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
     last = {k: v for k, v in evaluations[-1].items() if k != "per_env"} if evaluations else {}
     curve = None
     if args.curve:
-        from agents.dqn.report import plot_curves
+        from dqn_swap.agents.dqn.report import plot_curves
 
         curve = str(plot_curves({curve_label: [(e["step"], e["score"]) for e in evaluations]}, args.curve,
                                 title=f"{Path(args.output).name}: {', '.join(args.traces)} @ {args.memory_limits}"))
@@ -185,7 +161,7 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents.dqn.report import parse_overrides
+    from dqn_swap.agents.dqn.report import parse_overrides
 
     out = check_outputs(args, resume=args.resume)
     overrides = parse_overrides(args.overrides)
@@ -193,14 +169,14 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise ValueError(f"--steps must be at least 1, not {args.steps}")
         overrides["total_timesteps"] = args.steps
-    from agents.dqn import DQNConfig
+    from dqn_swap.agents.dqn import DQNConfig
 
     check_settings(overrides)
     config = DQNConfig().replace(seed=args.seed, **overrides)
     limit_texts = split_limits(args.memory_limits)
     traces = load_traces(args.traces, args.profile)
     limits = training_limits(traces, limit_texts)
-    from agents.dqn.algorithm import train
+    from dqn_swap.agents.dqn.algorithm import train
 
     result = train(list(traces.values()), limits, out, config, profile=args.profile, log_dir=log_dir(args.log_dir),
                    run_name=args.run_name, progress=None, resume=args.resume, overwrite=args.force,

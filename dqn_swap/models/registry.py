@@ -18,6 +18,8 @@ lstm_short      the same char-rnn unrolled over 20 steps (a 5x smaller graph of 
                 shape, to train agents for ``lstm`` quickly: section 4.4.2 of the DQN paper)
 gpt             GPT-2-small-shaped decoder, 512 tokens, vocabulary 50257, next-token loss
 gpt_tiny        2 layers, d_model 128, 4 heads, 64 tokens, vocabulary 1000, for tests
+hf:NAME         a Hugging Face transformer built from its configuration (random weights):
+                hf:gpt2, hf:llama, hf:bert, hf:vit, or hf:PATH to a config.json (:mod:`.hf`)
 kmeans          one Lloyd iteration, batch_size*1024 points in 64-d, 256 centroids
 mlp_tiny        Linear(8,16)-ReLU-Linear(16,4), MSE to zeros, for tests
 ==============  ==========================================================================
@@ -38,6 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .densenet import DenseNet
+from .names import MODEL_NAMES as _NAMES
+from .names import check_batch_size
 from .kmeans import KMeansStep
 from .resnet import RESNET_LAYERS, CifarResNet, PreActResNet, resnet
 from .rnn import CharLSTM
@@ -154,6 +158,7 @@ _BUILDERS: dict[str, _Builder] = {
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+assert MODEL_NAMES == _NAMES, "dqn_swap/models/names.py must list the builders of this module"
 
 
 def build_workload(name: str, batch_size: int, device: str | torch.device = "meta", seed: int = 0) -> Workload:
@@ -162,11 +167,17 @@ def build_workload(name: str, batch_size: int, device: str | torch.device = "met
     ``torch.manual_seed(seed)`` runs first, so CPU weights (and later dropout masks) are
     reproducible; inputs and targets come from a CPU generator seeded with ``seed``.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if name not in _BUILDERS and not name.startswith("hf:"):
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, or hf:NAME for a "
+                         "Hugging Face model (hf:gpt2, hf:llama, hf:bert, hf:vit, hf:PATH/config.json)")
+    check_batch_size(batch_size)
     device = torch.device(device)
+    if name.startswith("hf:"):
+        from .hf import hf_workload
+
+        torch.manual_seed(seed)
+        model, inputs, loss_fn, make_optimizer = hf_workload(name[3:], batch_size, device, seed)
+        return Workload(name, model.train(), inputs, loss_fn, make_optimizer)
     data = _Sampler(device, seed)
     torch.manual_seed(seed)
     with device:

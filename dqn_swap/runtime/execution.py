@@ -68,6 +68,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..limits import LimitSpec, resolve_limit
 from ..plan import Plan
 from ..support import COMPILED_STEP, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
@@ -481,7 +482,8 @@ class PlannedExecution:
         backend: the device's streams and copies (:mod:`dqn_swap.runtime.backend`); default CUDA on
             a CUDA device, synchronous copies elsewhere.  Tests pass a
             :class:`~dqn_swap.runtime.standin.StandInBackend`.
-        memory_limit: bytes the prefetches may fill on CUDA; default ``plan.memory_limit``.
+        memory_limit: what the prefetches may fill on CUDA, any form of :mod:`dqn_swap.limits`;
+            default ``plan.memory_limit``.
         max_inflight_bytes: bound on the device bytes held by copies to the host still running;
             default the most the simulator had (the plan's schedule), at least one tensor.
         expandable_segments: on CUDA, turn on the allocator's expandable segments (default).
@@ -495,7 +497,7 @@ class PlannedExecution:
 
     def __init__(self, model: torch.nn.Module | None, plan: Plan, trace: Trace, *,
                  device: str | torch.device | None = None, backend: Backend | None = None,
-                 memory_limit: int | None = None, max_inflight_bytes: int | None = None,
+                 memory_limit: LimitSpec | None = None, max_inflight_bytes: int | None = None,
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
                  check_plan: bool = True) -> None:
         refuse_unsupported(model)
@@ -518,7 +520,8 @@ class PlannedExecution:
         self._root = model
         self.plan = plan
         self.trace = trace
-        self.memory_limit = int(memory_limit if memory_limit is not None else plan.memory_limit)
+        self.memory_limit = (resolve_limit(trace, memory_limit) if memory_limit is not None
+                             else int(plan.memory_limit))
         try:
             self.index: PlanIndex = build_index(trace, plan)
         except ValueError as e:

@@ -1,4 +1,4 @@
-"""The baseline planners (agents.baselines): each paper's known behaviour, and honest plans."""
+"""The baseline planners (dqn_swap.agents.baselines): each paper's known behaviour, and honest plans."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import random
 import numpy as np
 import pytest
 
-from agents.baselines import PLANNERS, Planner, get_planner
-from agents.baselines.base import TraceFacts
-from agents.baselines.checkpoint import layers, sqrt_plan
-from agents.baselines.lru import lru_replay
-from agents.baselines.tflms import swap_distance
-from agents.baselines.vdnn import convolution_inputs
-from agents.baselines.window import use_gaps
+from dqn_swap.agents.baselines import PLANNERS, Planner, get_planner
+from dqn_swap.agents.baselines.base import TraceFacts
+from dqn_swap.agents.baselines.checkpoint import layers, sqrt_plan
+from dqn_swap.agents.baselines.lru import lru_replay
+from dqn_swap.agents.baselines.tflms import swap_distance
+from dqn_swap.agents.baselines.vdnn import convolution_inputs
+from dqn_swap.agents.baselines.window import use_gaps
 from dqn_swap.cost import get_profile
 from dqn_swap.plan import Action, ActionKind
 from dqn_swap.simulator import Simulator, simulate

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from agents.dqn import CheckpointError, DQNConfig, DQNPlanner, QNetwork, load_agent, save_agent
+from dqn_swap.agents.dqn import CheckpointError, DQNConfig, DQNPlanner, QNetwork, load_agent, save_agent
 
 
 @pytest.fixture()
@@ -87,7 +87,7 @@ def test_shipped_agents_load_and_stay_small():
     """Every agent under checkpoints/ loads with weights_only and is a few MB at most (the issue's budget)."""
     from pathlib import Path
 
-    from agents.dqn.planner import DEFAULT_AGENT
+    from dqn_swap.agents.dqn.planner import DEFAULT_AGENT
 
     shipped = sorted(DEFAULT_AGENT.parent.rglob("*.pt"))
     assert DEFAULT_AGENT in shipped

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agents.dqn import DQNConfig, QNetwork, S2VConv
+from dqn_swap.agents.dqn import DQNConfig, QNetwork, S2VConv
 
 
 def random_graph(n: int, e: int, seed: int):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from agents.dqn import DQNConfig, DQNPlanner, DQNSearchPlanner, finetune, load_agent, train
+from dqn_swap.agents.dqn import DQNConfig, DQNPlanner, DQNSearchPlanner, finetune, load_agent, train
 from dqn_swap.simulator import simulate
-from env import SwapRecomputeEnv
+from dqn_swap.env import SwapRecomputeEnv
 
-LIMIT = 0.3
+LIMIT = "30%"
 TINY = DQNConfig(p=16, T=2, total_timesteps=600, learning_starts=100, eval_every=150, target_update=100,
                  buffer_size=5000, batch_size=16, train_frequency=2, exploration_fraction=0.5)
 
@@ -85,7 +85,7 @@ def test_finetune_starts_from_checkpoint(tiny_resnet_trace, trained, tmp_path):
     w = build_workload("resnet_tiny", 8, "meta")
     bigger = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta")
     path, _ = trained
-    res = finetune(path, bigger, [0.3, 0.6], tmp_path / "ft.pt", total_timesteps=60, log_dir=str(tmp_path / "runs"),
+    res = finetune(path, bigger, ["30%", "60%"], tmp_path / "ft.pt", total_timesteps=60, log_dir=str(tmp_path / "runs"),
                    progress=False)
     _, cfg, obj = load_agent(res.path)
     assert obj["training"]["init_from"] == str(path) and cfg.start_e == 0.2
@@ -95,10 +95,10 @@ def test_finetune_starts_from_checkpoint(tiny_resnet_trace, trained, tmp_path):
 
 def test_greedy_plan_does_not_depend_on_how_rewards_are_charged(tiny_resnet_trace, trained):
     """Observations are the same under both reward modes, so greedy decoding gives the same plan."""
-    from agents.dqn.planner import DQNPlanner, GraphBatcher, greedy_episode, make_env
+    from dqn_swap.agents.dqn.planner import DQNPlanner, GraphBatcher, greedy_episode, make_env
 
     planner = DQNPlanner(trained[0])
-    for limit in (0.3, 0.6):
+    for limit in ("30%", "60%"):
         plans = []
         for reward in ("whole", "accrued"):
             env = make_env(tiny_resnet_trace, limit, None, planner.config.replace(reward=reward))
@@ -108,7 +108,7 @@ def test_greedy_plan_does_not_depend_on_how_rewards_are_charged(tiny_resnet_trac
 
 
 def test_cover_decoding_plans_feasibly_with_fewer_q_passes(tiny_resnet_trace, trained, monkeypatch):
-    import agents.dqn.planner as planner_mod
+    import dqn_swap.agents.dqn.planner as planner_mod
 
     passes = {"n": 0}
     real = planner_mod.greedy_q
@@ -118,7 +118,7 @@ def test_cover_decoding_plans_feasibly_with_fewer_q_passes(tiny_resnet_trace, tr
         return real(*args)
 
     monkeypatch.setattr(planner_mod, "greedy_q", counting)
-    limit = SwapRecomputeEnv(tiny_resnet_trace, 0.3).memory_limit
+    limit = SwapRecomputeEnv(tiny_resnet_trace, "30%").memory_limit
     plans, n_passes = {}, {}
     for decode in ("greedy", "cover"):
         passes["n"] = 0

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import env as env_pkg
+import dqn_swap.env as env_pkg
 from dqn_swap.simulator import simulate
-from env import SwapRecomputeEnv, resolve_limit
-from env.candidates import NOTHING, build_action_graph
+from dqn_swap.limits import resolve_limit
+from dqn_swap.env import SwapRecomputeEnv
+from dqn_swap.env.candidates import NOTHING, build_action_graph
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +20,12 @@ def trace(tiny_resnet_trace):
 
 
 def test_check_env_passes(trace):
-    e = SwapRecomputeEnv(trace, 0.4)
+    e = SwapRecomputeEnv(trace, "40%")
     check_env(e)  # unwrapped, as the issue asks
 
 
 def test_registered_with_gymnasium(trace):
-    e = gymnasium.make(env_pkg.ENV_ID, trace=trace, memory_limit=0.5)
+    e = gymnasium.make(env_pkg.ENV_ID, trace=trace, memory_limit="50%")
     obs, info = e.reset(seed=0)
     assert e.observation_space.contains(obs)
     assert info["action_mask"].shape == (e.unwrapped.graph.n_nodes,)
@@ -48,7 +49,7 @@ def run_random_episode(e: SwapRecomputeEnv, seed: int, p_invalid: float = 0.0):
     return total, info
 
 
-@pytest.mark.parametrize("limit", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("limit", ["30%", "60%", "90%"])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("reward", ["whole", "accrued"])
 def test_returns_add_up_to_minus_simulated_overhead(trace, limit, seed, reward):
@@ -64,7 +65,7 @@ def test_returns_add_up_to_minus_simulated_overhead(trace, limit, seed, reward):
 
 
 def test_invalid_action_is_a_penalised_no_op(trace):
-    e = SwapRecomputeEnv(trace, 0.3)
+    e = SwapRecomputeEnv(trace, "30%")
     obs, info = e.reset(seed=0)
     invalid = np.flatnonzero(~info["action_mask"])
     assert len(invalid)
@@ -82,7 +83,7 @@ def test_limit_above_peak_needs_no_action(trace):
 
 
 def test_fast_path_matches_observation(trace):
-    e = SwapRecomputeEnv(trace, 0.5)
+    e = SwapRecomputeEnv(trace, "50%")
     obs, _ = e.reset(seed=0)
     assert np.array_equal(obs.nodes, e.node_features(e.state()))
     a = int(np.flatnonzero(e.action_masks())[0])
@@ -93,7 +94,7 @@ def test_fast_path_matches_observation(trace):
 
 @pytest.mark.parametrize("mode", ["candidates", "events"])
 def test_no_node_stands_for_two_actions(trace, mode):
-    e = SwapRecomputeEnv(trace, 0.5, graph=mode)
+    e = SwapRecomputeEnv(trace, "50%", graph=mode)
     g = e.graph
     assert g.kind[0] == NOTHING
     acts = [g.action(i) for i in g.action_nodes]
@@ -106,17 +107,22 @@ def test_no_node_stands_for_two_actions(trace, mode):
     assert valid is not None
 
 
-def test_memory_limit_forms(trace):
-    assert resolve_limit(trace, 1.0) == trace.peak_bytes
-    assert resolve_limit(trace, 0.0 + 1e-12) >= trace.minimum_memory
-    assert resolve_limit(trace, 12345) == 12345
-    with pytest.raises(ValueError):
-        resolve_limit(trace, -5)
+def test_memory_limit_forms(trace, tmp_path):
+    """Any form of dqn_swap.limits; a trace file works as well as a Trace."""
+    assert SwapRecomputeEnv(trace, "100%").memory_limit == trace.peak_bytes
+    assert SwapRecomputeEnv(trace, "0%").memory_limit == trace.minimum_memory
+    assert SwapRecomputeEnv(trace, "1x").memory_limit == trace.peak_bytes
+    assert SwapRecomputeEnv(trace, trace.peak_bytes).memory_limit == trace.peak_bytes
+    path = trace.save(tmp_path / "t.trace")
+    assert SwapRecomputeEnv(str(path), "50%").memory_limit == resolve_limit(trace, "50%")
+    for bad in (-5, 0.5, "0.5", 1, "abc%"):
+        with pytest.raises(ValueError):
+            SwapRecomputeEnv(trace, bad)
 
 
 def test_action_graph_is_shared_between_limits(trace):
-    a = SwapRecomputeEnv(trace, 0.3)
-    b = SwapRecomputeEnv(trace, 0.7, action_graph=a.graph)
+    a = SwapRecomputeEnv(trace, "30%")
+    b = SwapRecomputeEnv(trace, "70%", action_graph=a.graph)
     assert b.graph is a.graph and b.memory_limit > a.memory_limit
     assert build_action_graph(trace, a.profile, a.sim.valid_actions()).n_nodes == a.graph.n_nodes
 
@@ -124,8 +130,8 @@ def test_action_graph_is_shared_between_limits(trace):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_no_recompute_chains(trace, seed):
     """With ``recompute_chains=False`` no removed tensor's re-run needs another removed tensor."""
-    e = SwapRecomputeEnv(trace, 0.05, recompute_chains=False)
-    chained = SwapRecomputeEnv(trace, 0.05)
+    e = SwapRecomputeEnv(trace, "5%", recompute_chains=False)
+    chained = SwapRecomputeEnv(trace, "5%")
     total, info = run_random_episode(e, seed)
     removed = {a.tensor for a in e.actions if a.kind == 1}
     assert removed, "the limit is tight enough for random episodes to remove tensors"
@@ -148,7 +154,7 @@ def test_no_recompute_chains(trace, seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_step_many_returns_add_up_to_minus_simulated_overhead(trace, reward, seed):
     """Batches of actions keep the identity of section 4.7, and each batch is one plan step."""
-    e = SwapRecomputeEnv(trace, 0.3, reward=reward)
+    e = SwapRecomputeEnv(trace, "30%", reward=reward)
     e.reset(seed=0)
     rng = np.random.default_rng(seed)
     total, done, n_actions = 0.0, False, 0
@@ -170,7 +176,7 @@ def test_step_many_returns_add_up_to_minus_simulated_overhead(trace, reward, see
 
 
 def test_step_many_refuses_invalid_nodes(trace):
-    e = SwapRecomputeEnv(trace, 0.3)
+    e = SwapRecomputeEnv(trace, "30%")
     _, info = e.reset(seed=0)
     invalid = np.flatnonzero(~info["action_mask"])
     with pytest.raises(ValueError, match="not a valid action"):
@@ -180,7 +186,7 @@ def test_step_many_refuses_invalid_nodes(trace):
 
 
 def test_deficit_ahead_reads_the_simulators_memory_need(trace):
-    e = SwapRecomputeEnv(trace, 0.3)
+    e = SwapRecomputeEnv(trace, "30%")
     e.reset(seed=0)
     assert not e.feasible and e.deficit_ahead(0) == 0.0
     need = e.sim.memory_need([])

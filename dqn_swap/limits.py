@@ -1,0 +1,163 @@
+"""Memory limits: one type that every layer of dqn-swap resolves the same way.
+
+A limit is written in one of three forms:
+
+* a **percentage**, ``"50%"``: a point between the least memory any plan
+  needs for the trace (:attr:`Trace.minimum_memory
+  <dqn_swap.trace.Trace.minimum_memory>`, 0%) and its unplanned peak
+  (:attr:`Trace.peak_bytes <dqn_swap.trace.Trace.peak_bytes>`, 100%);
+* a **multiple of the unplanned peak**, ``"0.5x"`` (the peak ``dqn-swap run``
+  measured on CUDA, else the trace's);
+* **bytes**: an ``int``, or a size with a unit (``"8GiB"``, ``"512MB"``,
+  ``"1e9"``).
+
+**A bare number means bytes.**  One in ``(0, 1]`` (``0.5`` or ``"0.5"``) is
+refused as ambiguous, since it could mean any of the three: write ``"50%"``,
+``"0.5x"`` or a size.  Results are rounded to the nearest byte (halves to
+even, Python's ``round``), and a limit below the trace's minimum is refused
+with a message naming the minimum.  The command line, the environment, the
+trainer, the planners' callers and the runtime all go through
+:meth:`MemoryLimit.parse` and :meth:`MemoryLimit.resolve`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Union
+
+from .trace import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from .trace import Trace
+
+Kind = Literal["bytes", "percent", "times"]
+LimitSpec = Union["MemoryLimit", int, float, str]
+
+FORMS = "a percentage (50%: halfway from the least memory any plan needs to the unplanned peak), " \
+        "a multiple of the unplanned peak (0.5x) or a size (8GiB, 512MB, 1e9 bytes)"
+
+
+class MemoryLimitError(ValueError):
+    """A memory limit that cannot be used; the message is one line saying why and what to write."""
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A memory limit as written: its form and number (see the module docstring)."""
+
+    kind: Kind
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("bytes", "percent", "times"):
+            raise MemoryLimitError(f"unknown kind of memory limit {self.kind!r}")
+        if not math.isfinite(self.value):
+            raise MemoryLimitError(f"memory limit {self.value!r} is not a finite number; write {FORMS}")
+        if self.kind == "percent" and not 0 <= self.value <= 100:
+            raise MemoryLimitError(f"a percentage limit must be between 0% (the least memory any plan needs) "
+                                   f"and 100% (the unplanned peak), not {self.value:g}%")
+        if self.kind != "percent" and self.value <= 0:
+            raise MemoryLimitError(f"a memory limit must be positive, not {self}")
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def parse(cls, spec: LimitSpec) -> "MemoryLimit":
+        """Read any of the forms of the module docstring."""
+        if isinstance(spec, MemoryLimit):
+            return spec
+        if isinstance(spec, bool):
+            raise MemoryLimitError(f"not a memory limit: {spec!r}; write {FORMS}")
+        if isinstance(spec, int) or (hasattr(spec, "dtype") and getattr(spec, "dtype").kind in "iu"):
+            return cls("bytes", float(int(spec)))
+        if isinstance(spec, float) or (hasattr(spec, "dtype") and getattr(spec, "dtype").kind == "f"):
+            return cls._bare(float(spec), repr(float(spec)))
+        if not isinstance(spec, str):
+            raise MemoryLimitError(f"not a memory limit: {spec!r}; write {FORMS}")
+        text = spec.strip()
+        if not text:
+            raise MemoryLimitError(f"empty memory limit; write {FORMS}")
+        if text.endswith("%"):
+            return cls("percent", _number(text[:-1], text))
+        if text[-1] in "xX":
+            return cls("times", _number(text[:-1], text))
+        try:
+            bare = float(text)
+        except ValueError:
+            bare = None
+        if bare is not None:
+            return cls._bare(bare, text)
+        if text.startswith("-"):
+            raise MemoryLimitError(f"a memory limit must be positive, not {text}")
+        try:
+            return cls("bytes", float(parse_bytes(text)))
+        except ValueError:
+            raise MemoryLimitError(f"not a memory limit: {text!r}; write {FORMS}") from None
+
+    @classmethod
+    def _bare(cls, number: float, text: str) -> "MemoryLimit":
+        if not math.isfinite(number):
+            raise MemoryLimitError(f"memory limit {text} is not a finite number; write {FORMS}")
+        if 0 < number <= 1:
+            raise MemoryLimitError(f"memory limit {text} is ambiguous: write {number * 100:g}% (of the way from "
+                                   f"the least memory any plan needs to the unplanned peak), {number:g}x (times "
+                                   "the unplanned peak) or a size such as 8GiB")
+        return cls("bytes", float(int(number)))
+
+    @classmethod
+    def percent(cls, value: float) -> "MemoryLimit":
+        return cls("percent", float(value))
+
+    # ---------------------------------------------------------------- resolving
+    def resolve(self, trace: "Trace", *, unplanned_peak: int | None = None, check_minimum: bool = True) -> int:
+        """The limit in bytes for ``trace``.
+
+        ``unplanned_peak``: the base of a multiple (default the trace's peak).
+        ``check_minimum``: refuse a limit below the least memory any plan needs.
+        """
+        low, high = int(trace.minimum_memory), int(trace.peak_bytes)
+        if self.kind == "percent":
+            return int(round(low + self.value / 100 * (high - low)))
+        if self.kind == "times":
+            limit = int(round(self.value * (unplanned_peak if unplanned_peak is not None else high)))
+        else:
+            limit = int(self.value)
+        if limit > 2**62:
+            raise MemoryLimitError(f"memory limit {self} is beyond any device ({format_bytes(limit)})")
+        if check_minimum and limit < low:
+            raise MemoryLimitError(
+                f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this trace, "
+                f"{format_bytes(low)} ({low} bytes: what stays on the device at its busiest op even with every "
+                "saved activation moved away between its last forward use and its next use)")
+        return limit
+
+    def __str__(self) -> str:
+        if self.kind == "percent":
+            return f"{self.value:g}%"
+        if self.kind == "times":
+            return f"{self.value:g}x"
+        return str(int(self.value))
+
+    @property
+    def label(self) -> str:
+        """A short name for reports: ``50%``, ``0.5x``, or a size."""
+        return str(self) if self.kind != "bytes" else format_bytes(self.value)
+
+
+def _number(text: str, whole: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise MemoryLimitError(f"not a memory limit: {whole!r}; write {FORMS}") from None
+    if not math.isfinite(value):
+        raise MemoryLimitError(f"memory limit {whole!r} is not a finite number; write {FORMS}")
+    return value
+
+
+def resolve_limit(trace: "Trace", spec: LimitSpec, *, unplanned_peak: int | None = None,
+                  check_minimum: bool = True) -> int:
+    """``spec`` (any form) in bytes for ``trace``: ``MemoryLimit.parse(spec).resolve(trace, ...)``."""
+    return MemoryLimit.parse(spec).resolve(trace, unplanned_peak=unplanned_peak, check_minimum=check_minimum)
+
+
+__all__ = ["FORMS", "LimitSpec", "MemoryLimit", "MemoryLimitError", "resolve_limit"]

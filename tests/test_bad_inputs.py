@@ -1,0 +1,289 @@
+"""Every bad input is a clear one-line error: a table of them across the commands and the Python API.
+
+Each command-line case runs ``dqn-swap`` and asserts a non-zero exit status, one line on stderr
+that names the file or argument at fault (no traceback), and nothing left behind in the working
+folder (no new file, no ``*.tmp``).  Each Python case asserts the exception type and message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dqn_swap.cli import main
+from dqn_swap.trace import Trace
+
+TRACE, PLAN, AGENT = "t.trace", "p.json", "agent.pt"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a good trace, a plan made for it, an agent, and bad versions of each."""
+    from dqn_swap.models import build_workload
+    from dqn_swap.recorder import record_trace
+    from dqn_swap.runtime import make_plan, saved_activations
+
+    d = tmp_path_factory.mktemp("bad")
+    w = build_workload("resnet_tiny", 2, "meta")
+    trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+                         meta={"model": "resnet_tiny", "batch_size": 2})
+    trace.save(d / TRACE)
+    plan = make_plan(trace, swap=saved_activations(trace)[:3])
+    plan.save(d / PLAN)
+    shutil.copy(Path(__file__).resolve().parents[1] / "checkpoints" / "default.pt", d / AGENT)
+
+    def trace_variant(name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        with np.load(d / TRACE, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        change(arrays)
+        with open(d / name, "wb") as f:
+            np.savez_compressed(f, **arrays)
+
+    def set_col(col: str, index: int, value: Any) -> Callable[[dict[str, Any]], None]:
+        def change(a: dict[str, Any]) -> None:
+            a[col] = a[col].copy()
+            a[col][index] = value
+        return change
+
+    def no_ops(a: dict[str, Any]) -> None:
+        for k in list(a):
+            if k.startswith("op_"):
+                a[k] = a[k][:0]
+        for k in ("event_kind", "event_op", "event_tensor"):
+            a[k] = a[k][:0]
+
+    trace_variant("nan.trace", set_col("op_duration", 3, np.nan))
+    trace_variant("inf.trace", set_col("op_duration", 3, np.inf))
+    trace_variant("kind.trace", set_col("event_kind", 5, 7))
+    trace_variant("role.trace", set_col("tensor_role", 2, 9))
+    trace_variant("phase.trace", set_col("op_phase", 4, 5))
+    trace_variant("huge.trace", set_col("tensor_nbytes", 7, 2**62))
+    trace_variant("noops.trace", no_ops)
+    trace_variant("nanflops.trace", set_col("op_flops", 0, np.nan))
+    (d / "text.trace").write_text("not a trace\n")
+    with zipfile.ZipFile(d / "half.trace", "w") as z:
+        z.writestr("meta.npy", b"\x93NUMPY")
+    (d / "adir.trace").mkdir()
+
+    data = json.loads((d / PLAN).read_text())
+    for name, change in {
+        "negative.json": lambda p: p.update(memory_limit=-5),
+        "zero.json": lambda p: p.update(memory_limit=0),
+        "bool.json": lambda p: p.update(memory_limit=True),
+        "dup.json": lambda p: p.update(actions=[p["actions"][0], p["actions"][0]]),
+        "outside.json": lambda p: p.update(actions=[[10**9, 1, "swap"]]),
+        "badkind.json": lambda p: p.update(actions=[[p["actions"][0][0], p["actions"][0][1], "teleport"]]),
+        "otherfp.json": lambda p: p.update(trace_fingerprint="0" * 16),
+        "v9.json": lambda p: p.update(version=9),
+    }.items():
+        p = json.loads(json.dumps(data))
+        change(p)
+        (d / name).write_text(json.dumps(p))
+    (d / "corrupt.json").write_text("{not json")
+
+    agent = torch.load(d / AGENT, weights_only=True)
+    for name, change in {
+        "nan.pt": lambda a: a["state_dict"].__setitem__(next(iter(a["state_dict"])),
+                                                        torch.full_like(next(iter(a["state_dict"].values())),
+                                                                        float("nan"))),
+        "t0.pt": lambda a: a["config"].__setitem__("T", 0),
+        "thuge.pt": lambda a: a["config"].__setitem__("T", 10**7),
+        "pbool.pt": lambda a: a["config"].__setitem__("p", True),
+        "v99.pt": lambda a: a.__setitem__("version", 99),
+    }.items():
+        a = torch.load(d / AGENT, weights_only=True)
+        change(a)
+        torch.save(a, d / name)
+    (d / "text.pt").write_text("nope")
+    del agent
+    return d
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = int(e.code or 0)
+    return code, capsys.readouterr().err
+
+
+# (arguments, words the one line must hold); {d} is the folder of the files above.
+CLI_CASES: list[tuple[list[str], str]] = [
+    # traces whose contents are wrong
+    (["inspect", "nan.trace"], "nan.trace: corrupt trace, op_duration is not finite"),
+    (["inspect", "inf.trace"], "inf.trace: corrupt trace, op_duration is not finite"),
+    (["simulate", "nan.trace", "-m", "50%", "--planner", "lru"], "nan.trace"),
+    (["inspect", "kind.trace"], "kind.trace: corrupt trace, unknown kind 7"),
+    (["inspect", "role.trace"], "role.trace: corrupt trace, unknown role 9"),
+    (["inspect", "phase.trace"], "phase.trace: corrupt trace, unknown phase 5"),
+    (["inspect", "huge.trace"], "huge.trace: corrupt trace, tensor 7 claims"),
+    (["inspect", "noops.trace"], "noops.trace: corrupt trace, no ops"),
+    (["inspect", "nanflops.trace"], "nanflops.trace: corrupt trace, op_flops is not finite"),
+    (["inspect", "text.trace"], "text.trace: not a dqn-swap trace file"),
+    (["inspect", "half.trace"], "half.trace"),
+    (["inspect", "adir.trace"], "adir.trace: is a directory"),
+    (["inspect", "missing.trace"], "missing.trace: no such file"),
+    (["simulate", "missing.trace", "-m", "50%"], "missing.trace: no such file"),
+    # record
+    (["record", "--model", "nosuch", "-o", "x.trace"], "unknown model 'nosuch'"),
+    (["record", "--model", "json:dumps", "-o", "x.trace"], "model 'json:dumps'"),
+    (["record", "--model", "nosuchmodule:fn", "-o", "x.trace"], "cannot load model 'nosuchmodule:fn'"),
+    (["record", "--model", "resnet_tiny", "--device", "cuda", "-o", "x.trace"], "--device cuda"),
+    (["record", "--model", "resnet_tiny", "--batch-size", "0", "-o", "x.trace"], "batch size"),
+    (["record", "--model", "resnet_tiny", "--batch-size", str(10**20), "-o", "x.trace"], "batch size"),
+    (["record", "--model", "resnet_tiny", "-o", TRACE], "t.trace: already exists"),
+    (["record", "--model", "resnet_tiny", "-o", "nodir/x.trace"], "directory nodir does not exist"),
+    (["record", "--model", "resnet_tiny", "--profile", "nosuch", "-o", "x.trace"], "unknown device profile 'nosuch'"),
+    (["record", "--model", "hf:nosuch", "-o", "x.trace"], "hf:nosuch"),
+    (["record", "--model", "resnet_tiny", "--device", "tpu", "-o", "x.trace"], "--device"),
+    # limits
+    (["simulate", TRACE, "-m", "0.5"], "memory limit 0.5 is ambiguous"),
+    (["simulate", TRACE, "-m", "150%"], "between 0%"),
+    (["simulate", TRACE, "-m", "1"], "memory limit 1 is ambiguous"),
+    (["simulate", TRACE, "-m", "16B"], "below the minimum"),
+    (["simulate", TRACE, "-m", "infx"], "not a finite number"),
+    (["simulate", TRACE, "-m", "abc"], "not a memory limit: 'abc'"),
+    (["simulate", TRACE, "--memory-limit=-3GiB"], "must be positive"),
+    # planners and plan files
+    (["simulate", TRACE, "-m", "50%", "--planner", "nosuch"], "unknown planner 'nosuch'"),
+    (["simulate", TRACE, "--plan", "missing.json"], "missing.json: no such file"),
+    (["simulate", TRACE, "--plan", "corrupt.json"], "corrupt.json: corrupt plan file"),
+    (["simulate", TRACE, "--plan", "negative.json"], "negative.json: memory_limit must be a positive"),
+    (["simulate", TRACE, "--plan", "zero.json"], "zero.json: memory_limit must be a positive"),
+    (["simulate", TRACE, "--plan", "bool.json"], "bool.json: memory_limit must be a positive"),
+    (["simulate", TRACE, "--plan", "dup.json"], "dup.json: more than one action on tensor"),
+    (["simulate", TRACE, "--plan", "outside.json"], "outside.json: action"),
+    (["simulate", TRACE, "--plan", "badkind.json"], "badkind.json: corrupt plan"),
+    (["simulate", TRACE, "--plan", "otherfp.json"], "otherfp.json: made for trace"),
+    (["simulate", TRACE, "--plan", "v9.json"], "v9.json: plan format version 9"),
+    (["plan", TRACE, "-m", "50%", "-o", PLAN], "p.json: already exists"),
+    (["plan", TRACE, "-m", "50%", "-o", "nodir/p.json"], "directory nodir does not exist"),
+    (["plan", TRACE, "-m", "50%", "-o", "adir.trace"], "adir.trace: is a directory"),
+    (["plan", TRACE, "-m", "50%", "--decode", "nosuch", "-o", "q.json"], "--decode"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "missing.pt", "-o", "q.json"], "missing.pt"),
+    # agents
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "nan.pt", "-o", "q.json"], "nan.pt: corrupt checkpoint"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "t0.pt", "-o", "q.json"], "t0.pt: corrupt checkpoint"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "thuge.pt", "-o", "q.json"], "thuge.pt"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "pbool.pt", "-o", "q.json"], "pbool.pt"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "v99.pt", "-o", "q.json"], "v99.pt"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "text.pt", "-o", "q.json"], "text.pt"),
+    # compare
+    (["compare", TRACE, "--memory-limits", "", "-o", "cmp"], "--memory-limits is empty"),
+    (["compare", TRACE, "--planners", "", "-o", "cmp"], "--planners is empty"),
+    (["compare", TRACE, "--planners", "lru,nosuch", "-o", "cmp"], "unknown planner 'nosuch'"),
+    (["compare", TRACE, "--memory-limits", "50%,0.5", "-o", "cmp"], "ambiguous"),
+    (["compare", TRACE, "-o", TRACE], "t.trace: is a file"),
+    # train and finetune
+    (["train", TRACE, "-m", "0.5", "-o", "a.pt"], "ambiguous"),
+    (["train", TRACE, "-m", "50%", "--set", "learning_rate=abc", "-o", "a.pt"], "learning_rate"),
+    (["train", TRACE, "-m", "50%", "--set", "T=0", "-o", "a.pt"], "DQN setting T"),
+    (["train", TRACE, "-m", "50%", "--set", "nosuch=1", "-o", "a.pt"], "nosuch"),
+    (["train", TRACE, "-m", "50%", "--steps", "0", "-o", "a.pt"], "--steps"),
+    (["train", TRACE, "-m", "50%", "-o", "nodir/a.pt"], "directory nodir does not exist"),
+    (["train", TRACE, "-m", "50%", "-o", AGENT], "agent.pt: already exists"),
+    (["train", "missing.trace", "-m", "50%", "-o", "a.pt"], "missing.trace"),
+    (["finetune", TRACE, "--from", "missing.pt", "-o", "a.pt"], "missing.pt"),
+    (["finetune", TRACE, "--from", "nan.pt", "-o", "a.pt"], "nan.pt: corrupt checkpoint"),
+    (["finetune", TRACE, "--from", "text.pt", "-o", "a.pt"], "text.pt"),
+    # run
+    (["run", "--model", "mlp_tiny", "-m", "infx", "--device", "cpu"], "not a finite number"),
+    (["run", "--model", "mlp_tiny", "--batch-size", str(10**20), "-m", "50%", "--device", "cpu"], "batch size"),
+    (["run", "--model", "nosuch", "-m", "50%", "--device", "cpu"], "unknown model 'nosuch'"),
+    (["run", "--model", "mlp_tiny", "-m", "50%", "--methods", "nosuch", "--device", "cpu"], "unknown method"),
+    (["run", "--model", "mlp_tiny", "-m", "50%", "--steps", "0", "--device", "cpu"], "--steps"),
+    (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cuda"], "--device cuda"),
+    (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "-o", PLAN], "p.json: already exists"),
+    (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "--planner", "nosuch"], "nosuch"),
+    # the command itself
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["simulate"], "the following arguments are required"),
+]
+
+
+@pytest.mark.parametrize("args,words", CLI_CASES, ids=[" ".join(a)[:60] for a, _ in CLI_CASES])
+def test_command_line(files: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                      args: list[str], words: str) -> None:
+    monkeypatch.chdir(files)
+    before = sorted(p.name for p in files.rglob("*"))
+    code, err = cli(args, capsys)
+    line = err.strip()
+    assert code != 0, f"exit status {code} for a bad input"
+    assert "Traceback" not in err and "\n" not in line, err
+    assert words in line, line
+    assert sorted(p.name for p in files.rglob("*")) == before, "something was left behind"
+
+
+def test_unreadable_output_folder_fails_before_any_work(files: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    monkeypatch.chdir(files)
+    ro = files / "readonly"
+    ro.mkdir()
+    ro.chmod(0o500)
+    code, err = cli(["train", TRACE, "-m", "50%", "-o", "readonly/a.pt"], capsys)
+    assert code == 2 and "not writable" in err
+
+
+# --------------------------------------------------------------------------- the Python API
+def _api_cases(files: Path) -> list[tuple[Callable[[], Any], type[BaseException], str]]:
+    import torch.nn.functional as F
+
+    import dqn_swap
+    from dqn_swap.agents.dqn import load_agent
+    from dqn_swap.env import SwapRecomputeEnv
+    from dqn_swap.models import build_workload
+    from dqn_swap.plan import Plan, PlanError
+    from dqn_swap.recorder import RecordingError, record_trace
+    from dqn_swap.runtime import PlannedExecution
+    from dqn_swap.simulator import simulate
+    from dqn_swap.trace import TraceError
+
+    trace = Trace.load(files / TRACE)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    y_cpu = torch.randint(0, 4, (2,))
+    return [
+        (lambda: Trace.load(files / "nan.trace"), TraceError, "not finite"),
+        (lambda: Trace.load(files / "noops.trace"), TraceError, "no ops"),
+        (lambda: SwapRecomputeEnv(trace, "abc"), ValueError, "not a memory limit"),
+        (lambda: SwapRecomputeEnv(trace, 0.5), ValueError, "ambiguous"),
+        (lambda: SwapRecomputeEnv(str(files / "missing.trace"), "50%"), TraceError, "no such file"),
+        (lambda: dqn_swap.MemoryLimit.parse(True), ValueError, "not a memory limit"),
+        (lambda: build_workload("nosuch", 2), ValueError, "unknown model"),
+        (lambda: build_workload("resnet_tiny", 0), ValueError, "batch size"),
+        (lambda: build_workload("resnet_tiny", 10**20), ValueError, "batch size"),
+        (lambda: dqn_swap.get_planner("nosuch"), ValueError, "unknown planner"),
+        (lambda: Plan.load(files / "dup.json", trace), PlanError, "more than one action"),
+        (lambda: Plan.load(files / "negative.json", trace), PlanError, "memory_limit"),
+        (lambda: PlannedExecution(None, Plan.load(files / PLAN), Trace.load(files / TRACE).with_durations(
+            trace.op_duration * 2)), PlanError, "made for trace"),
+        (lambda: simulate(trace.with_durations(trace.op_duration * 2), Plan.load(files / PLAN)), PlanError,
+         "made for trace"),
+        (lambda: load_agent(files / "nan.pt"), ValueError, "not finite"),
+        (lambda: load_agent(files / "thuge.pt"), ValueError, "DQN setting T"),
+        (lambda: record_trace(mlp, torch.randn(2, 8, device="meta"),
+                              lambda out: F.cross_entropy(out, y_cpu.reshape(-1)),
+                              lambda p: torch.optim.SGD(p, lr=0.1), device="meta"),
+         RecordingError, "cpu tensor"),
+    ]
+
+
+def test_python_api(files: Path) -> None:
+    cases = _api_cases(files)
+    assert len(cases) + len(CLI_CASES) >= 60
+    for i, (call, error, words) in enumerate(cases):
+        with pytest.raises(error) as info:
+            call()
+        message = str(info.value)
+        assert words in message, f"case {i}: {message}"
+        assert "\n" not in message.strip(), f"case {i}: {message}"

@@ -1,0 +1,85 @@
+"""One memory-limit type: every form resolves to the same bytes in the command line, the
+environment, the runtime, the experiment harness and the core, and bad forms are refused alike."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dqn_swap.cli import main
+from dqn_swap.cli.experiment import _resolve_limit
+from dqn_swap.limits import MemoryLimit, MemoryLimitError, resolve_limit
+from dqn_swap.runtime import PlannedExecution, make_plan
+from dqn_swap.trace import format_bytes, resolve_memory_limit
+from dqn_swap.env import SwapRecomputeEnv
+
+from .runtime_support import trace_of
+
+
+@pytest.fixture(scope="module")
+def trace():  # noqa: ANN201
+    return trace_of("resnet_tiny")
+
+
+@pytest.fixture(scope="module")
+def trace_file(trace, tmp_path_factory):  # noqa: ANN001, ANN201
+    return str(trace.save(tmp_path_factory.mktemp("limits") / "r.trace"))
+
+
+def specs(trace):  # noqa: ANN001, ANN201
+    low, high = trace.minimum_memory, trace.peak_bytes
+    percent = st.floats(0, 100, allow_nan=False).map(lambda p: f"{p:.2f}%")
+    times = st.floats(low / high, 2.0, allow_nan=False).map(lambda t: f"{t:.4f}x").filter(
+        lambda text: round(float(text[:-1]) * high) >= low)
+    size = st.integers(low, 2 * high)
+    kib = st.integers(-(-low // 1024), 2 * high // 1024).map(lambda k: f"{k}KiB")
+    return st.one_of(percent, times, size, kib, size.map(str), size.map(MemoryLimit.parse))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_layer_resolves_every_form_alike(trace, data) -> None:  # noqa: ANN001
+    spec = data.draw(specs(trace))
+    expected = MemoryLimit.parse(spec).resolve(trace)
+    assert resolve_limit(trace, spec) == expected
+    assert SwapRecomputeEnv(trace, spec).memory_limit == expected
+    assert _resolve_limit(spec, trace, trace.peak_bytes) == expected
+    assert PlannedExecution(None, make_plan(trace), trace, memory_limit=spec).memory_limit == expected
+    if not isinstance(spec, MemoryLimit):
+        assert resolve_memory_limit(trace, spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["37.5%", "0.75x", "2MiB", "3000000", 3_100_000, "1.25x"])
+def test_the_command_line_agrees(trace, trace_file, capsys, spec) -> None:  # noqa: ANN001
+    code = main(["simulate", trace_file, "-m", str(spec), "--planner", "none", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code in (0, 1)
+    assert out["memory_limit"] == MemoryLimit.parse(spec).resolve(trace)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("0.5", "ambiguous"), (0.5, "ambiguous"), (1.0, "ambiguous"), ("1", "ambiguous"), (True, "not a memory limit"),
+    ("150%", "between 0%"), ("-5%", "between 0%"), ("0x", "positive"), ("-1GiB", "positive"), ("infx", "finite"),
+    ("nan%", "finite"), ("abc", "not a memory limit"), ("", "empty"), (-5, "positive"), (float("inf"), "finite"),
+    ("12 parsecs", "not a memory limit"),
+])
+def test_bad_forms_are_refused_alike(trace, trace_file, capsys, spec, message) -> None:  # noqa: ANN001
+    for resolve in (lambda: resolve_limit(trace, spec), lambda: SwapRecomputeEnv(trace, spec),
+                    lambda: PlannedExecution(None, make_plan(trace), trace, memory_limit=spec)):
+        with pytest.raises(MemoryLimitError, match=message):
+            resolve()
+    if isinstance(spec, str) and spec:
+        code = main(["simulate", trace_file, f"--memory-limit={spec}", "--planner", "none"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.count("\n") == 0 and message in err
+
+
+def test_below_the_minimum_is_refused_with_the_minimum(trace) -> None:  # noqa: ANN001
+    low = trace.minimum_memory
+    for spec in (low - 1, f"{(low - 1) / trace.peak_bytes:.6f}x", f"{(low - 1024) // 1024}KiB"):
+        with pytest.raises(MemoryLimitError, match=format_bytes(low)):
+            SwapRecomputeEnv(trace, spec)
+    assert resolve_limit(trace, low - 1, check_minimum=False) == low - 1
