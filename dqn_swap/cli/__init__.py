@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed on one line
+        return int(e.code or 0)
     args.argv = argv  # the command line, recorded in what train and finetune save
     try:
         return int(args.func(args) or 0)
