@@ -12,7 +12,7 @@ from typing import Any
 BASELINE_NAMES = ("none", "window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
 DQN_NAMES = ("dqn", "dqn-search")
 PLANNER_NAMES = (*DQN_NAMES, *BASELINE_NAMES)
-#: How the ``dqn`` planner reads its Q-values (see :class:`agents.dqn.planner.DQNPlanner`).
+#: How the ``dqn`` planner reads its Q-values (see :class:`dqn_swap.agents.dqn.planner.DQNPlanner`).
 DQN_DECODINGS = ("greedy", "cover", "auto")
 #: ``decode="auto"`` uses ``cover`` from this many action nodes up.
 AUTO_COVER_NODES = 2000

@@ -105,6 +105,8 @@ class _Recorder(TorchDispatchMode):
         self.buffers: set[int] = set()  # storage keys of module buffers (watched for unannotated writes)
         self.unannotated: dict[str, set[str]] = {}
         self.iteration_peak = 0  # cuda: the allocator's peak over the iteration (its statistics are reset per op)
+        self.current_op = ""  # the op being dispatched (named in errors)
+        self.declared_by: dict[int, str] = {}
         self.phase = Phase.FORWARD
         self.tracker: ModuleTracker | None = None
         self.live: dict[int, int] = {}  # storage key -> tensor id of the live storage
@@ -162,6 +164,7 @@ class _Recorder(TorchDispatchMode):
                 self.hold(t, tid, key)
             return tid, False
         tid = self.b.tensor(self.nbytes(t), Role.TEMPORARY)
+        self.declared_by[tid] = self.current_op
         self.live[key] = tid
         self.holders[tid] = 0
         self.hold(t, tid, key)
@@ -199,6 +202,7 @@ class _Recorder(TorchDispatchMode):
         watched = self.watched_buffers(func, args, kwargs) if self.measure_scratch else []
         d = self.dispatched
         self.dispatched += 1
+        self.current_op = str(func._overloadpacket)
         cuda_peak = self.measure_scratch and self.device_type == "cuda"
         if cuda_peak:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -475,7 +479,14 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
                   "record_seconds": record_seconds, "torch": torch.__version__, **(meta or {})}
     if recorder.unannotated:
         trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
-    trace = b.build(trace_meta)
+    try:
+        trace = b.build(trace_meta)
+    except ValueError:
+        unallocated = [t for t, a in enumerate(b.t_alloc) if a == -2]
+        made_by = sorted({recorder.declared_by.get(t, "an unknown op") for t in unallocated})
+        raise RecordingError(f"{len(unallocated)} storages seen in outputs of {', '.join(made_by)} were never "
+                             "allocated by an op the recorder saw: an aten call outside the dispatcher's view; "
+                             "please report it with the model") from None
     if time_ops:
         if len({len(d) for d in durations}) == 1:
             measured = np.median(np.stack(durations), axis=0)

@@ -5,7 +5,7 @@
     import gymnasium, env
     e = gymnasium.make("dqn_swap/SwapRecompute-v0", trace=trace, memory_limit=0.5)
 
-See :class:`env.SwapRecomputeEnv` for the specification.
+See :class:`dqn_swap.env.SwapRecomputeEnv` for the specification.
 """
 
 from gymnasium.envs.registration import register, registry

@@ -45,7 +45,7 @@ from dqn_swap.trace import EventKind, Trace
 NOTHING, SWAP, RECOMPUTE = 0, 1, 2
 
 #: Node feature columns.  The first six are those of section 4.4.1; the rest
-#: are ours (see :class:`env.SwapRecomputeEnv`).
+#: are ours (see :class:`dqn_swap.env.SwapRecomputeEnv`).
 FEATURES = ("size", "transfer_time", "recompute_time", "time_to_next_use", "action_type", "valid",
             "memory_limit", "under_execution", "deficit", "time_to_violation", "chosen")
 N_FEATURES = len(FEATURES)

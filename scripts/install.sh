@@ -10,11 +10,11 @@
 # multi-GB CUDA build onto a machine without a GPU through our dependencies:
 # pyproject.toml asks for a range the installed torch already satisfies.
 #
-# Usage: bash scripts/install.sh [--test]     (--test adds pytest and hypothesis)
+# Usage: bash scripts/install.sh [--test]     (--test adds pytest, hypothesis and transformers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
-[[ "${1:-}" == "--test" ]] && extras="[test]"
+[[ "${1:-}" == "--test" ]] && extras="[test,hf]"  # the tests train Hugging Face models too
 
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
   [[ -x .venv/bin/python ]] || python3 -m venv --system-site-packages .venv

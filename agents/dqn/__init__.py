@@ -16,14 +16,14 @@ from .policy import QNetwork, S2VConv
 
 
 def train(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    """See :func:`agents.dqn.algorithm.train`."""
+    """See :func:`dqn_swap.agents.dqn.algorithm.train`."""
     from .algorithm import train as _train
 
     return _train(*args, **kwargs)
 
 
 def finetune(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    """See :func:`agents.dqn.algorithm.finetune`."""
+    """See :func:`dqn_swap.agents.dqn.algorithm.finetune`."""
     from .algorithm import finetune as _finetune
 
     return _finetune(*args, **kwargs)

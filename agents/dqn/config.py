@@ -21,9 +21,9 @@ class DQNConfig:
     Environment: ``graph`` (``"candidates"`` or ``"events"``, see
     :mod:`dqn_swap.env.candidates`), ``recompute_chains`` (False: a recompute action
     that would need another removed tensor re-run first is invalid, see
-    :class:`env.SwapRecomputeEnv`), ``reward`` (``"whole"``: every action is
+    :class:`dqn_swap.env.SwapRecomputeEnv`), ``reward`` (``"whole"``: every action is
     charged its whole cost when taken; ``"accrued"``: only the stalls before
-    the first excess, see :class:`env.SwapRecomputeEnv`), penalties.
+    the first excess, see :class:`dqn_swap.env.SwapRecomputeEnv`), penalties.
 
     Fitted Q-iteration (section 4.10, Algorithm 1) and named improvements:
     ``target_network`` (a frozen copy updated every ``target_update`` steps;

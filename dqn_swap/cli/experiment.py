@@ -88,7 +88,7 @@ class _BuiltinPlanner:
 
 def get_run_planner(planner: str, agent: str | None = None) -> Any:
     """The planner called ``planner``: a built-in one (:data:`BUILTIN_PLANNERS`) or any of
-    ``agents.get_planner`` -- the baselines and the learned ``dqn`` / ``dqn-search``, which
+    ``dqn_swap.get_planner`` -- the baselines and the learned ``dqn`` / ``dqn-search``, which
     use the checkpoint ``agent`` (default: the shipped agent)."""
     if planner in BUILTIN_PLANNERS:
         return _BuiltinPlanner(planner)
@@ -310,7 +310,7 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
             100%), or a multiple of the unplanned peak ("0.5x": the peak measured by the unplanned
             run on CUDA, else the trace's).
         planner: a built-in planner (:data:`BUILTIN_PLANNERS`) or any name of
-            ``agents.get_planner``: the baselines and the learned ``dqn`` / ``dqn-search``.
+            ``dqn_swap.get_planner``: the baselines and the learned ``dqn`` / ``dqn-search``.
         steps: measured optimizer steps per method, after ``warmup`` steps.
         device: "cuda" or "cpu"; default CUDA when available.
         profile: device profile for planning; default measured on CUDA.
