@@ -82,7 +82,7 @@ def gpu(args: argparse.Namespace) -> int:
     from dqn_swap.cli.experiment import METHODS, run_planned_training
 
     name_gpu = torch.cuda.get_device_name()
-    limit: float | int = float(args.limit) if float(args.limit) <= 1 else int(float(args.limit))
+    limit = args.limit
     reports = []
     for item in args.models.split(","):
         name, _, batch = item.partition(":")
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     g = sub.add_parser("gpu", help="planned training on a CUDA GPU beside the alternatives")
     g.add_argument("--models", default="resnet50:64,gpt:8", help="name:batch pairs, comma-separated")
-    g.add_argument("--limit", default="0.5", help="fraction of the unplanned peak, or bytes")
+    g.add_argument("--limit", default="0.5x", help="memory limit (default 0.5x: half the unplanned peak)")
     g.add_argument("--planner", default="greedy")
     g.add_argument("--steps", type=int, default=10)
     g.add_argument("--max-batch", action="store_true", help="also search the largest batch under the limit")

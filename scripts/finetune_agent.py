@@ -3,14 +3,14 @@
 
 This script is that subcommand (``dqn-swap finetune --help`` explains every
 option); it also takes the script's earlier spelling, ``--trace``
-(repeatable), ``--limits`` (fractions, 0.9 meaning 90%, or bytes) and ``--out``.
+(repeatable), ``--limits`` (space-separated, as everywhere: ``90%``, ``0.5x`` or bytes) and ``--out``.
 
 Examples::
 
     python scripts/finetune_agent.py resnet152:32 --from checkpoints/default.pt \
         --memory-limits 90%,70%,50%,30% --steps 3000 -o runs/resnet152_ft.pt
     python scripts/finetune_agent.py --from checkpoints/default.pt --trace resnet152:32 \
-        --limits 0.9 0.7 0.5 0.3 --steps 3000 --out runs/resnet152_ft.pt
+        --limits 90% 70% 50% 30% --steps 3000 --out runs/resnet152_ft.pt
 """
 
 from __future__ import annotations

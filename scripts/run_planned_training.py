@@ -12,7 +12,7 @@ option) with the script's own spelling and defaults: the model as the first
 argument, ``--limit`` (default ``0.5x``), ``--planner`` (default ``greedy``),
 ``--out`` (replaced if it exists).  Limits: ``50%`` is halfway from the
 trace's minimum memory to its unplanned peak, as everywhere in dqn-swap;
-``0.5x`` (or a bare ``0.5``) is half the unplanned peak; or bytes (``8GiB``).
+``0.5x`` is half the unplanned peak; or bytes (``8GiB``); a bare ``0.5`` is refused, as everywhere.
 
 Examples::
 
@@ -36,15 +36,6 @@ WITH_VALUE = {"--batch-size", "--limit", "--planner", "--steps", "--device", "--
               "--model"}
 
 
-def legacy_limit(text: str) -> str:
-    """A bare fraction (``0.5``) meant that fraction of the unplanned peak: ``0.5x``."""
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return f"{text}x" if 0 < value <= 1 else text
-
-
 def translate(argv: list[str]) -> list[str]:
     out: list[str] = ["run"]
     i = 0
@@ -58,8 +49,6 @@ def translate(argv: list[str]) -> list[str]:
         if name in WITH_VALUE:
             if not eq:
                 value = argv[i + 1] if i + 1 < len(argv) else ""
-            if name in ("--limit", "--budget", "--memory-limit", "-m"):
-                value = legacy_limit(value)
             out += [RENAMED.get(name, name), value]
             if name == "--out":
                 out.append("--force")  # the script always replaced its report

@@ -3,13 +3,13 @@
 
 This script is that subcommand (``dqn-swap train --help`` explains every option);
 it also takes the script's earlier spelling, ``--trace`` (repeatable),
-``--limits`` (fractions of the way from the trace's minimum memory to its peak,
-0.9 meaning 90%, or bytes) and ``--out``.
+``--limits`` (space-separated limits, written as everywhere in dqn-swap: ``90%``,
+``0.5x`` or bytes) and ``--out``.
 
 Examples::
 
     python scripts/train_agent.py resnet50:64 --memory-limits 90%,70%,50%,30% -o checkpoints/resnet50.pt
-    python scripts/train_agent.py --trace resnet_tiny:8 --trace gpt_tiny:4 --limits 0.3 0.5 0.7 0.9 \
+    python scripts/train_agent.py --trace resnet_tiny:8 --trace gpt_tiny:4 --limits 30% 50% 70% 90% \
         --steps 20000 --out checkpoints/default.pt --curve checkpoints/default.png
 
 A trace is a ``.trace`` file or ``model:batch`` (recorded on the meta device).
@@ -23,15 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dqn_swap.cli import main as cli_main  # noqa: E402
-
-
-def legacy_limit(text: str) -> str:
-    """``0.9`` (a fraction of the way from the minimum to the peak) -> ``90%``; bytes stay bytes."""
-    try:
-        value = float(text)
-    except ValueError:
-        return text  # already 90% or 8GiB
-    return f"{value * 100:g}%" if 0 < value <= 1 else str(int(value))
 
 
 def translate(argv: list[str], command: str) -> list[str]:
@@ -51,7 +42,7 @@ def translate(argv: list[str], command: str) -> list[str]:
             while not eq and i < len(argv) and not argv[i].startswith("--"):
                 values.append(argv[i])
                 i += 1
-            rest += ["--memory-limits", ",".join(legacy_limit(v) for v in values)]
+            rest += ["--memory-limits", ",".join(values)]
         elif name == "--out":
             rest += ["--output", value] if eq else ["--output", *argv[i + 1:i + 2]]
             i += 1 if eq else 2

