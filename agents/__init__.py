@@ -1,4 +1,4 @@
-"""Every planner of dqn-swap behind one name: the baselines of the papers and the DQN.
+"""Every planner of dqn-swap behind one name: the baselines of the papers, the exact planner and the DQN.
 
 All produce the same :class:`~dqn_swap.plan.Plan` through
 ``get_planner(name).plan(trace, memory_limit, profile)``.  Modules are imported
@@ -11,7 +11,9 @@ from typing import Any
 
 BASELINE_NAMES = ("none", "window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
 DQN_NAMES = ("dqn", "dqn-search")
-PLANNER_NAMES = (*DQN_NAMES, *BASELINE_NAMES)
+#: the exact planner (mixed-integer program on HiGHS) and its certified bound
+OPTIMAL_NAME = "optimal"
+PLANNER_NAMES = (*DQN_NAMES, *BASELINE_NAMES, OPTIMAL_NAME)
 #: How the ``dqn`` planner reads its Q-values (see :class:`dqn_swap.agents.dqn.planner.DQNPlanner`).
 DQN_DECODINGS = ("greedy", "cover", "auto")
 #: ``decode="auto"`` uses ``cover`` from this many action nodes up.
@@ -28,7 +30,12 @@ def get_planner(name: str, *, agent: str | None = None, **settings: Any):  # noq
         from .baselines import get_planner as get_baseline
 
         return get_baseline(name, **settings)
+    if name == OPTIMAL_NAME:
+        from .optimal import OptimalPlanner
+
+        return OptimalPlanner(**settings)
     raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(PLANNER_NAMES)}")
 
 
-__all__ = ["AUTO_COVER_NODES", "BASELINE_NAMES", "DQN_DECODINGS", "DQN_NAMES", "PLANNER_NAMES", "get_planner"]
+__all__ = ["AUTO_COVER_NODES", "BASELINE_NAMES", "DQN_DECODINGS", "DQN_NAMES", "OPTIMAL_NAME", "PLANNER_NAMES",
+           "get_planner"]

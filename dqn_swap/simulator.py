@@ -226,6 +226,8 @@ class SimResult:
     limit and profile; ``infeasible``: where it got stuck; ``timeline``:
     ``(times, bytes)`` after each change of allocated memory (a step curve,
     several points may share a time), only with ``run(..., timeline=True)``;
+    ``op_start``: when each op started (after its stalls and re-runs; the ops
+    reached, so shorter than ``n_ops`` when infeasible), also only with it;
     ``ignored_actions``: duplicate actions on an already acted-on tensor;
     ``memory_need``: bytes each op needs under the plan if every swap-out
     completed at once (int64 per op, see :meth:`Simulator.memory_need`);
@@ -249,6 +251,7 @@ class SimResult:
     makespan_over_lower_bound: float
     infeasible: Infeasibility | None = None
     timeline: tuple[np.ndarray, np.ndarray] | None = None
+    op_start: np.ndarray | None = field(default=None, repr=False, compare=False)
     ignored_actions: tuple[Action, ...] = ()
     recompute_ops: tuple[int, ...] = ()
     memory_need: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -720,6 +723,7 @@ class Simulator:
         max_pending = 0  # most bytes in D2H copies at once
         prefetch_log: list[tuple[int, int]] = []  # (tensor, op running or next) per H2D start
         tl_t: list[float] | None = [0.0] if want_timeline else None
+        op_starts: list[float] = []  # when each op started (timeline only)
         tl_b: list[int] = [mem]
 
         def eval_head(k0: int, now: float) -> None:
@@ -933,6 +937,7 @@ class Simulator:
                 te = t + dur[k]
                 if tl_t is not None:
                     tl_t.append(t), tl_b.append(mem + running)
+                    op_starts.append(t)
                 if nxt < te:
                     advance(te, k, False)
                 running = 0
@@ -966,32 +971,36 @@ class Simulator:
             return self._result(False, stuck.time, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                                 bytes_d2h, bytes_h2d, peak, peak_op, prep,
                                 Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
-                                tl_t, tl_b, prefetch_log=prefetch_log, max_pending=max_pending)
+                                tl_t, tl_b, prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts)
         makespan = self.compute_time + (t - self._oend[-1]) if n_ops else 0.0
         if first_stuck:  # overcommit mode: the whole iteration, but it did not fit
             stuck = first_stuck[0]
             return self._result(False, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                                 bytes_d2h, bytes_h2d, peak, peak_op, prep,
                                 Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
-                                tl_t, tl_b, whole=True, prefetch_log=prefetch_log, max_pending=max_pending)
+                                tl_t, tl_b, whole=True, prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts)
         return self._result(True, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                             bytes_d2h, bytes_h2d, peak, peak_op, prep, None, tl_t, tl_b,
-                            prefetch_log=prefetch_log, max_pending=max_pending)
+                            prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts)
 
     def _result(self, feasible: bool, makespan: float, st_swap: float, st_pf: float, st_rec: float,
                 ph_stall: list[float], recompute_ops: list[int], bytes_d2h: int, bytes_h2d: int,
                 peak: int, peak_op: int, prep: _Prepared, infeasible: Infeasibility | None,
                 tl_t: list[float] | None, tl_b: list[int], whole: bool = False,
-                prefetch_log: list[tuple[int, int]] | None = None, max_pending: int = 0) -> SimResult:
+                prefetch_log: list[tuple[int, int]] | None = None, max_pending: int = 0,
+                op_starts: list[float] | None = None) -> SimResult:
         T = self.compute_time
         schedule_parts = (prefetch_log or (), prep.sequences, max_pending, self._alloc)
         lb = self.lower_bound
-        timeline = None
+        timeline = op_start = None
         if tl_t is not None:
             times, values = np.asarray(tl_t, dtype=np.float64), np.asarray(tl_b, dtype=np.int64)
             keep = np.ones(len(values), dtype=bool)
             keep[1:-1] = values[1:-1] != values[:-2]  # drop points that change nothing; keep the end
             timeline = (times[keep], values[keep])
+            op_start = np.asarray(op_starts, dtype=np.float64)
+        else:
+            op_start = None
         if feasible:
             overhead = (makespan - T) / T if T > 0 else 0.0
             ratio = makespan / lb if lb > 0 else (1.0 if makespan == 0 else math.inf)
@@ -1008,7 +1017,7 @@ class Simulator:
             recompute_time=st_rec, bytes_d2h=bytes_d2h, bytes_h2d=bytes_h2d,
             peak_bytes=peak, peak_op=peak_op, memory_limit=self.memory_limit,
             lower_bound=lb, makespan_over_lower_bound=ratio,
-            infeasible=infeasible, timeline=timeline, ignored_actions=tuple(prep.ignored),
+            infeasible=infeasible, timeline=timeline, op_start=op_start, ignored_actions=tuple(prep.ignored),
             recompute_ops=tuple(recompute_ops), memory_need=prep.need, schedule_parts=schedule_parts)
 
 
