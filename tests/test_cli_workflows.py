@@ -311,6 +311,35 @@ def test_plan_writes_a_plan_and_refuses_to_overwrite_it(resnet, tmp_path, capsys
     assert json.loads(out)["memory_limit"] == plan.memory_limit
 
 
+def test_plan_optimal_reports_its_certified_bound(resnet, capsys):
+    code, out, err = run(["simulate", str(resnet), "-m", "40%", "--planner", "optimal", "--time-limit", "60",
+                          "--json"], capsys)
+    assert code == 0, err
+    figures = json.loads(out)
+    assert figures["planner"] == "optimal" and figures["feasible"]
+    assert figures["lower_bound"] <= figures["certified_bound"] * (1 + 1e-12)
+    assert figures["certified_bound"] <= figures["makespan"] * (1 + 1e-9)
+    assert figures["certified_gap"] == pytest.approx(figures["makespan"] / figures["certified_bound"] - 1)
+    code, _, err = run(["simulate", str(resnet), "-m", "40%", "--planner", "optimal", "--time-limit", "0"], capsys)
+    one_line_error(code, err, "--time-limit")
+
+
+def test_compare_with_optimal_measures_every_plan_against_the_ceiling(resnet, tmp_path, capsys):
+    folder = tmp_path / "cmp"
+    code, out, err = run(["compare", str(resnet), "--planners", "greedy,lru,optimal", "--memory-limits", "40%",
+                          "--time-limit", "60", "-o", str(folder), "--json"], capsys)
+    assert code == 0, err
+    rows = {r["planner"]: r for r in json.loads(out)}
+    opt = rows["optimal"]
+    assert opt["ceiling_s"] == pytest.approx(opt["certified_bound_s"])
+    for r in rows.values():
+        assert r["ceiling_s"] == opt["ceiling_s"] and r["ceiling"] in ("optimum", "certified bound")
+        if r["feasible"]:
+            assert r["distance_to_ceiling"] == pytest.approx(r["makespan_s"] / r["ceiling_s"] - 1)
+            assert r["distance_to_ceiling"] >= -1e-9
+    assert "ceiling" in (folder / "compare.md").read_text()
+
+
 def test_simulate_a_plan_made_for_another_trace(resnet, other_trace, tmp_path, capsys):
     path = tmp_path / "plan.json"
     assert run(["plan", str(other_trace), "-m", "80%", "--planner", "greedy", "-o", str(path)], capsys)[0] in (0, 1)

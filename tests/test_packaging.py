@@ -27,7 +27,8 @@ def test_the_wheel_has_one_top_level_package_and_the_agents(tmp_path: Path) -> N
     top = {n.split("/")[0] for n in names if not n.startswith("dqn_swap-")}
     assert top == {"dqn_swap"}, top
     for needed in ("dqn_swap/env/swap_recompute.py", "dqn_swap/agents/dqn/planner.py",
-                   "dqn_swap/agents/baselines/base.py", "dqn_swap/checkpoints/default.pt",
+                   "dqn_swap/agents/baselines/base.py", "dqn_swap/agents/optimal/program.py",
+                   "dqn_swap/checkpoints/default.pt",
                    "dqn_swap/checkpoints/grid/resnet50.pt", "dqn_swap/checkpoints/README.md"):
         assert needed in names, needed
     assert not any(n.endswith("/__pycache__/") or ".pyc" in n for n in names)

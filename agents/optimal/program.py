@@ -67,6 +67,23 @@ Constraints
                (``w_ik``, or ``o_i`` if ``a_i >= k``) and are due by ``n_i <= h``
                fit between: :math:`\sum \tau^{in}_i \le S_h - G_{k+1}`.
     (one copy) :math:`S_{n_i} - G_{a_i+1} \ge (\tau^{out}_i + \tau^{in}_i) o_i`.
+    (inputs of re-runs) A swapped ``j`` that a re-run before ``n`` reads (through
+               a chain ``C`` of dropped tensors) is back before that re-run and
+               stays: with :math:`\chi = o_j + \sum_{z \in C} r_z - |C|`,
+               :math:`S_n - G_{a_j+1} \ge (\tau^{out}_j + \tau^{in}_j + d_p)\chi`,
+               :math:`S_n - G_{k+1} \ge (\tau^{in}_j + d_p)(w_{jk} + \ldots)` for
+               checkpoints ``k < n``, and ``w_jk = 0`` for ``k >= n`` when it applies
+               (``d_p``: the shortest re-run that reads it).
+    (re-run memory) At the ops ``n`` in ``rerun_points``: while producer ``p`` of a
+               dropped ``x`` re-runs, the memory before ``n`` (targets not yet
+               back) plus ``p``'s outputs and scratch, its inputs the trace freed,
+               and every dropped input it reads (:math:`b_y (r_x + r_y - 1)`) fit,
+               with binaries ``v_in`` for swapped tensors away during the re-runs.
+    (cuts)     Each plan in ``exclude`` is cut off (a no-good inequality on the
+               ``o`` and ``r`` binaries).  The planner excludes plans it has
+               already replayed, so ``min(simulated makespan of the excluded,
+               the program's bound)`` stays a valid bound and the rounds can
+               walk past plans that the simulator charges more than the program.
     Without duplex copy engines (one engine for both directions) the copy-out
     and copy-back of every swap released after ``k`` and due by ``h`` share
     ``[G_{k+1}, S_h]``.  The sums over ``r`` (and ``h``) are kept linear in
@@ -75,13 +92,20 @@ Constraints
 What it assumes that the simulator does not (all relaxations, so the bound stays valid):
     * copies are preemptive and ordered freely within the energy conditions
       (the simulator copies back in order of next use, each as one piece);
-    * memory is enforced only at the checkpoints, and not while re-runs run
-      (their own outputs and scratch are not counted);
+    * memory is enforced only at the checkpoints, and during re-runs only at the
+      ``rerun_points`` and only at the re-run of each target's own producer
+      (the other targets of the same op are taken as not yet re-created);
     * the prefetch admission rule (a copy-back starts only when every op up to
       its use still fits) is not modelled: the program only asks that a tensor
       is back by its use;
-    * a swapped tensor that a re-run reads comes back by that re-run in the
-      simulator; the program lets it stay away until its own next use.
+    * the D2H order is first in, first out; copy-backs are ordered freely;
+    * the re-run chains are followed ``chain_depth`` dropped tensors deep: a
+      deeper chain is charged as if it stopped there.
+
+Where the simulator charges a plan more than the program did (the admission
+rule, an eager prefetch that makes a later op wait), the planner's rounds add
+checkpoints and cut the plan off; on tiny traces this reaches the optimum of
+exhaustive enumeration (``tests/agents/test_optimal.py``).
 
 This is not Checkmate's or POET's stage-indexed program (a binary per op and
 tensor: quadratic in the number of ops): its binaries are per candidate and

@@ -14,7 +14,8 @@ from .common import load_trace, on_terminal, print_json
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
-           "makespan_over_lower_bound", "peak_bytes", "n_swap", "n_recompute", "planning_s"]
+           "makespan_over_lower_bound", "ceiling_s", "ceiling", "distance_to_ceiling", "peak_bytes", "n_swap",
+           "n_recompute", "planning_s"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,10 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare", help="compare planners on traces at several memory limits (table and plots)",
         description="Plan every trace at every memory limit with every planner, simulate each plan, "
-                    "and write a table (markdown and CSV: overhead, makespan / lower bound, peak, "
+                    "and write a table (markdown and CSV: overhead, distance to the ceiling, peak, "
                     "feasible, planning time) and two plots: overhead against memory reduction "
-                    "(the DQN paper's Figure 5) and makespan / lower bound against the limit "
-                    "(the offloading paper's Figure 5).",
+                    "(the DQN paper's Figure 5) and makespan / ceiling against the limit "
+                    "(the offloading paper's Figure 5). The ceiling of a cell is the least makespan any "
+                    "plan could have as far as is proved: the exact planner's certified bound where "
+                    "'optimal' is among the planners (the optimum where a plan reaches it), else the "
+                    "lower bound; every plan's distance to it is makespan / ceiling - 1.",
         epilog="Example: dqn-swap compare r50.trace vgg16.trace --memory-limits 90%,70%,50%,30% "
                "--planners all -o comparison/")
     p.add_argument("traces", nargs="+", help="trace files")
@@ -35,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planners", default="all",
                    help=f"comma-separated planners or 'all' ({', '.join(PLANNER_NAMES)})")
     p.add_argument("--agent", help="DQN checkpoint for the dqn planners (default checkpoints/default.pt)")
+    p.add_argument("--time-limit", type=float, default=600.0, metavar="SECONDS",
+                   help="seconds the exact planner 'optimal' may solve each cell (default 600); "
+                        "cut short, it reports its certified gap")
     p.add_argument("-o", "--output", default="comparison",
                    help="folder for compare.md, compare.csv and the PNG plots (default ./comparison)")
     p.add_argument("--force", action="store_true", help="replace existing result files")
@@ -55,9 +62,11 @@ def planner_names(spec: str) -> list[str]:
 
 
 def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str], agent: str | None = None,
-                 progress: bool = False) -> list[dict[str, Any]]:
-    """Plan and simulate every (trace, limit, planner) cell; one row per cell."""
+                 progress: bool = False, time_limit: float | None = None) -> list[dict[str, Any]]:
+    """Plan and simulate every (trace, limit, planner) cell; one row per cell, with the cell's ceiling."""
     from dqn_swap.agents import get_planner
+
+    from .simulate_cmd import planner_settings
 
     from ..cost import profile_of
     from ..trace import resolve_memory_limit
@@ -68,7 +77,9 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
         from tqdm import tqdm
 
         bar = tqdm(total=len(cells), desc="compare", unit="plan")
-    planner_objs = {pl: get_planner(pl, agent=agent) for pl in planners}
+    planner_objs = {pl: get_planner(pl, agent=agent, **({**planner_settings(pl, time_limit=time_limit),
+                                                         "progress": False} if pl == "optimal" else {}))
+                    for pl in planners}
     rows = []
     for name, lim, pl in cells:
         trace = traces[name]
@@ -82,12 +93,37 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
                      "planner": pl, "feasible": bool(f.get("feasible")), "overhead": f.get("overhead"),
                      "makespan_s": f.get("makespan"), "makespan_over_lower_bound": f.get("makespan_over_lower_bound"),
                      "peak_bytes": f.get("peak_bytes"), "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
-                     "planning_s": elapsed, "unplanned_peak_bytes": trace.peak_bytes})
+                     "planning_s": elapsed, "unplanned_peak_bytes": trace.peak_bytes,
+                     "lower_bound_s": f.get("lower_bound"), "certified_bound_s": plan.settings.get("certified_bound")})
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
+    add_ceilings(rows)
     return rows
+
+
+def add_ceilings(rows: list[dict[str, Any]]) -> None:
+    """Give each row its cell's ceiling and the row's distance to it (``makespan / ceiling - 1``).
+
+    The ceiling is the tighter of the lower bound and, where ``optimal`` ran, its certified bound;
+    ``ceiling`` says which, and ``optimum`` where a plan of the cell reaches the bound.
+    """
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["trace"], r["limit"]), []).append(r)
+    for cell in cells.values():
+        # the certified bound first: on a tie it names the ceiling (it is at least the lower bound)
+        bounds = [(r["certified_bound_s"], "certified bound") for r in cell if r.get("certified_bound_s")]
+        bounds += [(r["lower_bound_s"] or 0.0, "lower bound") for r in cell]
+        value, kind = max(bounds, key=lambda b: b[0])
+        made = [r["makespan_s"] for r in cell if r["feasible"] and r["makespan_s"] is not None]
+        if made and value > 0 and min(made) <= value * (1 + 1e-6):
+            kind = "optimum"
+        for r in cell:
+            r["ceiling_s"], r["ceiling"] = value, kind
+            r["distance_to_ceiling"] = (r["makespan_s"] / value - 1 if r["feasible"] and value > 0
+                                        and r["makespan_s"] is not None else None)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -96,9 +132,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     planners = list(dict.fromkeys(r["planner"] for r in rows))
     for trace in dict.fromkeys(r["trace"] for r in rows):
         sub = [r for r in rows if r["trace"] == trace]
-        out.write(f"\n**{sub[0]['model'] or trace}** — overhead (makespan / lower bound); "
-                  "`-` infeasible; best feasible in bold\n\n")
-        out.write("| limit | " + " | ".join(planners) + " |\n|---|" + "---|" * len(planners) + "\n")
+        out.write(f"\n**{sub[0]['model'] or trace}** — overhead (distance to the ceiling: makespan / ceiling - 1); "
+                  "`-` infeasible; best feasible in bold; ceiling: the optimum, else the certified bound "
+                  "of `optimal`, else the lower bound\n\n")
+        out.write("| limit | ceiling | " + " | ".join(planners) + " |\n|---|---|" + "---|" * len(planners) + "\n")
         for lim in dict.fromkeys(r["limit"] for r in sub):
             cells = {r["planner"]: r for r in sub if r["limit"] == lim}
             feasible = [r["overhead"] for r in cells.values() if r["feasible"]]
@@ -109,10 +146,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 if r is None or not r["feasible"]:
                     text.append("-")
                     continue
-                s = f"{100 * r['overhead']:.1f}% ({r['makespan_over_lower_bound']:.2f})"
+                s = f"{100 * r['overhead']:.1f}% ({100 * r['distance_to_ceiling']:.1f}%)"
                 text.append(f"**{s}**" if best is not None and r["overhead"] <= best + 1e-12 else s)
-            gib = cells[planners[0]]["limit_bytes"] / 2**30 if planners[0] in cells else 0
-            out.write(f"| {lim} ({gib:.2f} GiB) | " + " | ".join(text) + " |\n")
+            first = next(iter(cells.values()))
+            gib = first["limit_bytes"] / 2**30
+            T = first["makespan_s"] / (1 + first["overhead"]) if first["feasible"] and first["overhead"] is not None \
+                else None
+            ceiling = (f"{100 * (first['ceiling_s'] / T - 1):.1f}% ({first['ceiling']})" if T else first["ceiling"])
+            out.write(f"| {lim} ({gib:.2f} GiB) | {ceiling} | " + " | ".join(text) + " |\n")
     return out.getvalue()
 
 
@@ -135,12 +176,12 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
                     ys = [100 * r["overhead"] for r in pts]
                 else:  # offloading paper, Figure 5
                     xs = [r["limit_bytes"] / 2**30 for r in pts]
-                    ys = [r["makespan_over_lower_bound"] for r in pts]
+                    ys = [1 + r["distance_to_ceiling"] for r in pts]
                 order = sorted(range(len(xs)), key=xs.__getitem__)
                 learned = pl.startswith("dqn")  # the learned planners stand out
                 ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", label=pl,
                         linewidth=2.6 if learned else 1.2, zorder=3 if learned else 2)
-            ys_all = [(100 * r["overhead"] if kind == "overhead" else r["makespan_over_lower_bound"])
+            ys_all = [(100 * r["overhead"] if kind == "overhead" else 1 + r["distance_to_ceiling"])
                       for r in rows if r["trace"] == trace and r["feasible"]]
             if ys_all and max(ys_all) > 20 * max(min(ys_all), 1.0):  # one outlier would flatten the rest
                 ax.set_yscale("symlog", linthresh=1.0 if kind == "overhead" else 2.0)
@@ -150,7 +191,7 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
                 ax.set_ylabel("overhead (% of compute time)")
             else:
                 ax.set_xlabel("memory limit (GiB)")
-                ax.set_ylabel("makespan / lower bound")
+                ax.set_ylabel("makespan / ceiling (certified bound or lower bound)")
         axes[0][0].legend(fontsize=7)
         path = check_output(folder / f"{kind}.png", force)
         paths.append(save(fig, path))
@@ -183,7 +224,9 @@ def run(args: argparse.Namespace) -> int:
         csv_path = check_output(folder / "compare.csv", args.force)
     if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
-    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal())
+    if not args.time_limit > 0:
+        raise ValueError(f"--time-limit must be a positive number of seconds, not {args.time_limit}")
+    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal(), time_limit=args.time_limit)
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)
     csv_path = check_output(folder / "compare.csv", args.force)

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from ..cost import PROFILES
-from .common import human, load_trace, print_json, print_table
+from .common import human, load_trace, on_terminal, print_json, print_table
 
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
               "the busiest op with every saved activation away from its last forward use to its next use) "
@@ -30,6 +30,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "action nodes up, else greedy; the default)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
+    p.add_argument("--time-limit", type=float, default=600.0, metavar="SECONDS",
+                   help="--planner optimal: stop the solver after this many seconds and report the plan "
+                        "found and its certified gap (default 600)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -56,8 +59,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
 
 
+def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None) -> dict:
+    """The command line's settings for ``planner_name`` (decoding for dqn; time limit and a live
+    progress line on a terminal for optimal)."""
+    if planner_name == "dqn":
+        return {"decode": decode}
+    if planner_name == "optimal":
+        if time_limit is not None and not time_limit > 0:
+            raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit}")
+        return {"progress": on_terminal(), **({"time_limit": time_limit} if time_limit is not None else {})}
+    return {}
+
+
+def certified(plan) -> dict:  # noqa: ANN001
+    """The optimal planner's certified bound and gap, as figures (empty for other planners)."""
+    s = plan.settings
+    if "certified_bound" not in s:
+        return {}
+    return {"certified_bound": s["certified_bound"], "certified_gap": s["certified_gap"],
+            "proved_optimal": s["proved_optimal"], "solve_s": s["solve_seconds"]}
+
+
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
-              decode: str = "auto"):
+              decode: str = "auto", time_limit: float | None = None):
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from dqn_swap.agents import get_planner
 
@@ -68,7 +92,7 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
     limit = resolve_memory_limit(trace, limit_text)
     profile = profile_of(trace, profile_name)
-    planner = get_planner(planner_name, agent=agent, **({"decode": decode} if planner_name == "dqn" else {}))
+    planner = get_planner(planner_name, agent=agent, **planner_settings(planner_name, decode, time_limit))
     t0 = time.perf_counter()
     plan = planner.plan(trace, limit, profile)
     return plan, time.perf_counter() - t0, profile
@@ -95,11 +119,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         planning_s = None
     else:
         plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
-                                              args.decode)
+                                              args.decode, args.time_limit)
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
     figures = {"planner": plan.planner, "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
-               **result.figures(), "planning_s": planning_s}
+               **result.figures(), **(certified(plan) if limit == plan.memory_limit else {}),
+               "planning_s": planning_s}
     report(figures, args.json)
     if not result.feasible and result.infeasible is not None and not args.json:
         print(f"infeasible: {result.infeasible.message(trace)}")
@@ -113,8 +138,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
     out = check_output(Path(args.output), args.force)
     trace = load_trace(args.trace)
-    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode)
+    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode,
+                                    args.time_limit)
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
-            "n_recompute": plan.n_recompute, **plan.figures, "planning_s": planning_s}, args.json)
+            "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)
     return 0 if plan.figures.get("feasible", True) else 1
