@@ -8,9 +8,12 @@ rounds of row generation:
 2. solve (within what is left of ``time_limit``), take the solution's plan and
    replay it in the simulator;
 3. if the simulator charges the plan no more than the program did, the plan is
-   the program's optimum (up to ``gap``) and the rounds stop; otherwise every
-   op over the limit where the replay ran out of memory, stalled, or needs more
-   than the limit is made a checkpoint, and the next round solves again.
+   the program's optimum (up to ``gap``) and the rounds stop (a round cut short
+   by its share of the time, ``round_time_limit``, is solved once more with all
+   the time left); otherwise every op over the limit where the replay ran out
+   of memory, stalled, or needs more than the limit is made a checkpoint (ops
+   whose re-runs ran out of memory get the re-run rows), the plan is cut off,
+   and the next round solves again.
 
 Every round's dual bound is a lower bound on every plan's simulated makespan
 (a program with fewer checkpoints is a relaxation of one with more, and each is
@@ -49,6 +52,7 @@ class OptimalPlanner(BasePlanner):
 
     Settings:
         time_limit: seconds for the whole solve (all rounds); the bound found by then stands.
+        round_time_limit: seconds a round may take before the last (default: a quarter of ``time_limit``).
         gap: HiGHS's relative optimality tolerance per round.
         checkpoints: critical ops enforced in the first round.
         rounds: most rounds of row generation.
@@ -62,7 +66,7 @@ class OptimalPlanner(BasePlanner):
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return {"time_limit": 600.0, "gap": 1e-4, "checkpoints": 10, "rounds": 30, "chain_depth": 3,
-                "fifo": True, "incumbents": ("tflms", "window"), "progress": False}
+                "fifo": True, "incumbents": ("tflms", "window"), "progress": False, "round_time_limit": None}
 
     def choose(self, facts: TraceFacts, evaluator: Evaluator) -> tuple[ActionSet, dict[str, Any]]:
         s = self.settings
@@ -95,14 +99,20 @@ class OptimalPlanner(BasePlanner):
             reruns: set[int] = set()
             tried: list[ActionSet] = []  # replayed plans, cut off from later rounds
             tried_best = math.inf  # the least simulated makespan among them
+            # A round may take a quarter of the time limit, so that a plan the simulator charges more
+            # than the program leaves time for the rounds that correct it; once the simulator agrees,
+            # the last round gets all the time left.
+            round_cap = float(s["round_time_limit"] or float(s["time_limit"]) / 4)
+            last = False
             for rnd in range(int(s["rounds"])):
                 left = deadline - time.perf_counter()
                 if left <= 0.5:
                     break
+                budget = left if last or rnd == int(s["rounds"]) - 1 else min(left, round_cap)
                 prog = SwapProgram(sim, cands, ks, rerun_points=reruns, exclude=tried,
                                    chain_depth=int(s["chain_depth"]), fifo=bool(s["fifo"]))
                 show = self._progress_line(rnd, prog, T, best_ms) if s["progress"] else None
-                out = solve(prog, time_limit=left, gap=float(s["gap"]), on_progress=show)
+                out = solve(prog, time_limit=budget, gap=float(s["gap"]), on_progress=show)
                 if show is not None:
                     sys.stderr.write("\n")
                 row: dict[str, Any] = {"checkpoints": len(ks), "rerun_points": len(reruns), "cuts": len(tried),
@@ -123,8 +133,11 @@ class OptimalPlanner(BasePlanner):
                     row["bound"] = b
                     if b > bound:
                         bound, source = b, "program"
-                if out.x is None:
-                    break
+                if out.x is None:  # no plan yet: the round ran out of time
+                    if last:
+                        break
+                    last = True
+                    continue
                 acts = prog.actions(out.x)
                 res = sim.run(acts, timeline=True)
                 model = prog.makespan_seconds(out.objective)
@@ -132,10 +145,15 @@ class OptimalPlanner(BasePlanner):
                 row.update(program_makespan=model, simulated_makespan=sim_ms if res.feasible else None)
                 if sim_ms < best_ms:
                     best, best_ms, incumbent_from = acts, sim_ms, "program"
-                if sim_ms <= model * (1 + 1e-9) + 1e-12 or best_ms <= bound * (1 + float(s["gap"])):
-                    break  # the simulator agrees with the program: its optimum, up to the solver's gap
-                if out.status != 0:
-                    break  # out of time
+                if best_ms <= bound * (1 + float(s["gap"])):
+                    break  # proved, up to the solver's gap
+                if sim_ms <= model * (1 + 1e-9) + 1e-12:
+                    # The simulator agrees with the program: its optimum if the solver finished,
+                    # else solve once more with all the time left.
+                    if out.status == 0 or last:
+                        break
+                    last = True
+                    continue
                 # Disagreement: where memory ran out or the replay stalled, enforce memory from now on;
                 # and cut this plan off (its cost is known).
                 ks |= self._new_checkpoints(sim, acts, res)

@@ -126,6 +126,7 @@ from scipy import sparse
 
 from dqn_swap.plan import Action, ActionKind
 from dqn_swap.simulator import Simulator
+from dqn_swap.trace import EventKind
 
 MS = 1e3  # seconds -> milliseconds: the program's time unit
 GIB = float(2**30)  # bytes -> GiB: the program's memory unit
@@ -469,8 +470,10 @@ class SwapProgram:
 
         # Memory while the re-runs before n run (only at the ops given: added where a replay needed it).
         self.rerun_points = sorted({int(n) for n in rerun_points})
-        mal = sim._mal  # bytes each op allocates (its outputs)
-        scr = sim._scr
+        is_malloc = trace.event_kind == EventKind.MALLOC
+        mal = np.bincount(trace.event_op[is_malloc], minlength=n_ops,  # bytes each op allocates (its outputs)
+                          weights=trace.tensor_nbytes[trace.event_tensor[is_malloc]].astype(np.float64)).tolist()
+        scr = trace.op_scratch.astype(np.float64).tolist()
         targets_at: dict[int, list[int]] = {}
         for i, c in enumerate(cands):
             if r[i] >= 0:
