@@ -92,7 +92,7 @@ def grid_markdown(result: dict[str, Any]) -> str:
         T, bound = c["compute_time"], c["bound"]
         opt = f"{c['best'] / T - 1:.4f}" if c["proved_optimal"] else f"≥ {bound / T - 1:.4f}"
         row = [NAMES.get(c["model"], c["model"]), f"{round(c['limit'] * 100)} %", opt,
-               "0" if c["proved_optimal"] else f"{100 * c['gap']:.2f} %", f"{c['solve_seconds']:.0f}"]
+               "0" if c["proved_optimal"] else f"{100 * c['gap']:.3f} %", f"{c['solve_seconds']:.0f}"]
         for n in names:
             p = c["planners"][n]
             if not p["feasible"]:

@@ -312,7 +312,7 @@ def test_plan_writes_a_plan_and_refuses_to_overwrite_it(resnet, tmp_path, capsys
 
 
 def test_plan_optimal_reports_its_certified_bound(resnet, capsys):
-    code, out, err = run(["simulate", str(resnet), "-m", "40%", "--planner", "optimal", "--time-limit", "60",
+    code, out, err = run(["simulate", str(resnet), "-m", "40%", "--planner", "optimal", "--time-limit", "5",
                           "--json"], capsys)
     assert code == 0, err
     figures = json.loads(out)
@@ -327,7 +327,7 @@ def test_plan_optimal_reports_its_certified_bound(resnet, capsys):
 def test_compare_with_optimal_measures_every_plan_against_the_ceiling(resnet, tmp_path, capsys):
     folder = tmp_path / "cmp"
     code, out, err = run(["compare", str(resnet), "--planners", "greedy,lru,optimal", "--memory-limits", "40%",
-                          "--time-limit", "60", "-o", str(folder), "--json"], capsys)
+                          "--time-limit", "5", "-o", str(folder), "--json"], capsys)
     assert code == 0, err
     rows = {r["planner"]: r for r in json.loads(out)}
     opt = rows["optimal"]

@@ -54,7 +54,7 @@ class OptimalPlanner(BasePlanner):
         time_limit: seconds for the whole solve (all rounds); the bound found by then stands.
         round_time_limit: seconds a round may take before the last (default: a quarter of ``time_limit``).
         gap: HiGHS's relative optimality tolerance per round.
-        checkpoints: critical ops enforced in the first round.
+        checkpoints: critical ops enforced in the first round, and most added a round.
         rounds: most rounds of row generation.
         chain_depth, fifo: see :class:`~.program.SwapProgram`.
         incumbents: baselines whose plans compete with the program's.
@@ -156,7 +156,9 @@ class OptimalPlanner(BasePlanner):
                     continue
                 # Disagreement: where memory ran out or the replay stalled, enforce memory from now on;
                 # and cut this plan off (its cost is known).
-                ks |= self._new_checkpoints(sim, acts, res)
+                # at most `checkpoints` more a round, the busiest first: the program grows with each
+                new = sorted(self._new_checkpoints(sim, acts, res) - ks, key=lambda k: -int(sim.op_memory[k]))
+                ks |= set(new[: int(s["checkpoints"])])
                 reruns |= self._new_rerun_points(sim, acts, res)
                 tried.append(acts)
                 tried_best = min(tried_best, sim_ms)
