@@ -66,7 +66,7 @@ class OptimalPlanner(BasePlanner):
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return {"time_limit": 600.0, "gap": 1e-4, "checkpoints": 10, "rounds": 30, "chain_depth": 3,
-                "fifo": True, "incumbents": ("tflms", "window"), "progress": False, "round_time_limit": None}
+                "fifo": True, "incumbents": ("tflms", "window", "lru"), "progress": False, "round_time_limit": None}
 
     def choose(self, facts: TraceFacts, evaluator: Evaluator) -> tuple[ActionSet, dict[str, Any]]:
         s = self.settings
