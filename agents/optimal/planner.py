@@ -52,7 +52,8 @@ class OptimalPlanner(BasePlanner):
 
     Settings:
         time_limit: seconds for the whole solve (all rounds); the bound found by then stands.
-        round_time_limit: seconds a round may take before the last (default: a quarter of ``time_limit``).
+        round_time_limit: seconds a round may take before the last (default: a quarter of
+            ``time_limit``, at least ``min(time_limit, 120)``).
         gap: HiGHS's relative optimality tolerance per round.
         checkpoints: critical ops enforced in the first round, and most added a round.
         rounds: most rounds of row generation.
@@ -99,10 +100,12 @@ class OptimalPlanner(BasePlanner):
             reruns: set[int] = set()
             tried: list[ActionSet] = []  # replayed plans, cut off from later rounds
             tried_best = math.inf  # the least simulated makespan among them
-            # A round may take a quarter of the time limit, so that a plan the simulator charges more
+            # A round may take a quarter of the time limit (but at least two minutes: below that a
+            # ResNet-50 round finds no plan of its own), so that a plan the simulator charges more
             # than the program leaves time for the rounds that correct it; once the simulator agrees,
             # the last round gets all the time left.
-            round_cap = float(s["round_time_limit"] or float(s["time_limit"]) / 4)
+            limit_s = float(s["time_limit"])
+            round_cap = float(s["round_time_limit"] or max(limit_s / 4, min(limit_s, 120.0)))
             last = False
             for rnd in range(int(s["rounds"])):
                 left = deadline - time.perf_counter()
