@@ -60,6 +60,14 @@ def get_trace(name: str, batch: int):
     return trace
 
 
+def grid_agent(agents_dir: Path | None, model: str, frac: float) -> Path | None:
+    """The agent of a grid cell in ``agents_dir``: the per-cell one, else the per-network one (None: neither)."""
+    for cand in (f"{model}@{round(frac * 100)}.pt", f"{model}.pt"):
+        if agents_dir and (agents_dir / cand).exists():
+            return agents_dir / cand
+    return None
+
+
 def write_json(obj: Any, path: str | None) -> None:
     if path:
         from machine import machine
@@ -157,11 +165,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     for model in args.models:
         trace = get_trace(model, GRID[model])
         for frac in LIMITS:
-            agent = args.default_agent  # per-cell agent, else per-network agent, else the default one
-            for cand in (f"{model}@{round(frac * 100)}.pt", f"{model}.pt"):
-                if agents_dir and (agents_dir / cand).exists():
-                    agent = agents_dir / cand
-                    break
+            agent = grid_agent(agents_dir, model, frac) or args.default_agent
             dqn, search = DQNPlanner(agent, decode=args.decode), (DQNSearchPlanner(agent) if args.search else None)
             limit = pct(frac).resolve(trace)
             cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": str(dqn.agent_path)}

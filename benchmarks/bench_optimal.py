@@ -30,18 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_dqn import GRID, LIMITS, NAMES, PROFILE, get_trace, pct  # noqa: E402
+from bench_dqn import DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, get_trace, grid_agent, pct  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
-
-
-def _agent_for(model: str, frac: float) -> Path:
-    grid = ROOT / "checkpoints" / "grid"
-    for cand in (f"{model}@{round(frac * 100)}.pt", f"{model}.pt"):
-        if (grid / cand).exists():
-            return grid / cand
-    return ROOT / "checkpoints" / "default.pt"
 
 
 def plan_cell(model: str, frac: float, time_limit: float) -> dict[str, Any]:
@@ -55,7 +47,8 @@ def plan_cell(model: str, frac: float, time_limit: float) -> dict[str, Any]:
                             "n_ops": trace.n_ops, "planners": {}}
     for name in (*BASELINES, "dqn"):
         t0 = time.perf_counter()
-        planner = get_planner(name, agent=str(_agent_for(model, frac))) if name == "dqn" else get_planner(name)
+        agent = grid_agent(ROOT / "checkpoints" / "grid", model, frac) or DEFAULT_AGENT
+        planner = get_planner(name, agent=str(agent)) if name == "dqn" else get_planner(name)
         try:
             plan = planner.plan(trace, limit, prof)
             fig = plan.figures

@@ -356,6 +356,8 @@ class Simulator:
         mal = np.bincount(eop[is_malloc], weights=nbytes[ete[is_malloc]], minlength=n_ops).astype(np.int64)
         fre = np.bincount(eop[is_free], weights=nbytes[ete[is_free]], minlength=n_ops).astype(np.int64)
         self._initial = int(trace.initial_bytes)
+        #: bytes each op allocates for its outputs (int64 per op)
+        self.op_malloc = mal
         after = self._initial + np.cumsum(mal - fre)
         # bytes allocated while op k runs, its kernel's scratch included, no plan (== trace.op_memory)
         self.op_memory = after + fre + trace.op_scratch.astype(np.int64)
@@ -999,8 +1001,6 @@ class Simulator:
             keep[1:-1] = values[1:-1] != values[:-2]  # drop points that change nothing; keep the end
             timeline = (times[keep], values[keep])
             op_start = np.asarray(op_starts, dtype=np.float64)
-        else:
-            op_start = None
         if feasible:
             overhead = (makespan - T) / T if T > 0 else 0.0
             ratio = makespan / lb if lb > 0 else (1.0 if makespan == 0 else math.inf)

@@ -78,7 +78,8 @@ class OptimalPlanner(BasePlanner):
         deadline = t_start + float(s["time_limit"])
         bound, source = float(sim.lower_bound), "lower bound"
         best: ActionSet = ()
-        best_ms = evaluator.run(()).makespan if evaluator.run(()).feasible else math.inf
+        unplanned = evaluator.run(())
+        best_ms = float(unplanned.makespan) if unplanned.feasible else math.inf
 
         # The incumbents: cheap baselines' plans.
         from dqn_swap.agents.baselines import get_planner
@@ -160,7 +161,7 @@ class OptimalPlanner(BasePlanner):
                 # Disagreement: where memory ran out or the replay stalled, enforce memory from now on;
                 # and cut this plan off (its cost is known).
                 # at most `checkpoints` more a round, the busiest first: the program grows with each
-                new = sorted(self._new_checkpoints(sim, acts, res) - ks, key=lambda k: -int(sim.op_memory[k]))
+                new = sorted(self._new_checkpoints(sim, res) - ks, key=lambda k: -int(sim.op_memory[k]))
                 ks |= set(new[: int(s["checkpoints"])])
                 reruns |= self._new_rerun_points(sim, acts, res)
                 tried.append(acts)
@@ -176,11 +177,12 @@ class OptimalPlanner(BasePlanner):
         return tuple(best), found
 
     @staticmethod
-    def _new_checkpoints(sim: Any, acts: ActionSet, res: Any) -> set[int]:
-        """Ops over the limit where the replay ran out of memory, stalled, or needs more than the limit."""
+    def _new_checkpoints(sim: Any, res: Any) -> set[int]:
+        """Ops over the limit where the replay ``res`` ran out of memory, stalled, or needs more
+        than the limit (its ``memory_need``: the plan's memory with instant swap-outs)."""
         limit = sim.memory_limit
         over = sim.op_memory > limit
-        new = {int(k) for k in np.flatnonzero(sim.memory_need(acts) > limit)}
+        new = {int(k) for k in np.flatnonzero(res.memory_need > limit)}
         if not res.feasible and res.infeasible is not None:
             new.add(int(res.infeasible.op))
         st = res.op_start
@@ -195,10 +197,9 @@ class OptimalPlanner(BasePlanner):
         out: set[int] = set()
         if not res.feasible and res.infeasible is not None and res.infeasible.reason.startswith("recomputing"):
             out.add(int(res.infeasible.op))
-        need = sim.memory_need(acts)
         nxt = sim.event_next_use
         for a in acts:
-            if a.kind == ActionKind.RECOMPUTE and need[nxt[a.event]] > sim.memory_limit:
+            if a.kind == ActionKind.RECOMPUTE and res.memory_need[nxt[a.event]] > sim.memory_limit:
                 out.add(int(nxt[a.event]))
         return out
 

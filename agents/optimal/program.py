@@ -126,7 +126,6 @@ from scipy import sparse
 
 from dqn_swap.plan import Action, ActionKind
 from dqn_swap.simulator import Simulator
-from dqn_swap.trace import EventKind
 
 MS = 1e3  # seconds -> milliseconds: the program's time unit
 GIB = float(2**30)  # bytes -> GiB: the program's memory unit
@@ -243,7 +242,6 @@ class SwapProgram:
         n_ops = trace.n_ops
         limit = sim.memory_limit
         ks = sorted({int(k) for k in checkpoints if sim.op_memory[k] > limit})
-        self.checkpoints = ks
         dur_ms = trace.op_duration.astype(np.float64) * MS
         self._cum = np.concatenate(([0.0], np.cumsum(dur_ms)))
         cands = self.cands
@@ -270,9 +268,9 @@ class SwapProgram:
                 rows.add([(o[i], 1.0), (r[i], 1.0)], hi=1.0)
 
         # Plans already replayed (their simulated cost is known): no-good cuts, one per plan.
-        index = {c.tensor: i for i, c in enumerate(cands)}
+        by_tensor = {c.tensor: i for i, c in enumerate(cands)}
         for plan in exclude:
-            chosen = {index[a.tensor]: a.kind for a in plan if a.tensor in index}
+            chosen = {by_tensor[a.tensor]: a.kind for a in plan if a.tensor in by_tensor}
             terms, ones = [], 0
             for i in range(len(cands)):
                 kind = chosen.get(i)
@@ -290,11 +288,9 @@ class SwapProgram:
         pts.update(c.act_op + 1 for c in cands)
         pts.update(c.next_use for c in cands)
         points = sorted(p for p in pts if 0 <= p <= n_ops)
-        self.points = points
         G = {p: var() for p in points}
         S = {p: var() for p in points}
-        self.makespan = S[n_ops]
-        cost[S[n_ops]] = 1.0
+        cost[S[n_ops]] = 1.0  # the makespan
         for p, p2 in zip(points, points[1:]):
             rows.add([(G[p2], 1.0), (S[p], -1.0)], lo=float(self._cum[p2] - self._cum[p]))
 
@@ -302,7 +298,6 @@ class SwapProgram:
         free = trace.tensor_free_op.tolist()
         alloc = trace.tensor_alloc_op.tolist()
         inputs = sim.op_inputs
-        by_tensor = {c.tensor: i for i, c in enumerate(cands)}
         q: dict[tuple[int, int], int] = {}
         chain_rows: set[tuple[int, int, tuple[int, ...]]] = set()
 
@@ -362,7 +357,6 @@ class SwapProgram:
             t = c.t_out + c.t_in + d_read
             rows.add([(S[n], 1.0), (G[c.act_op + 1], -1.0), (o[j], -t)] + [(v, -t) for v, _ in link],
                      lo=-t * len(link))
-        self._leaf_rows = leaf_rows
         reruns_at: dict[int, list[tuple[int, float]]] = {}
         for (p, n), v in q.items():
             reruns_at.setdefault(n, []).append((v, float(dur_ms[p])))
@@ -400,7 +394,20 @@ class SwapProgram:
             ks_of.setdefault(i, []).append(k)
         for i in range(nc):  # a swap that is never away at a checkpoint only costs time
             rows.add([(o[i], 1.0)] + [(w[i, k], -1.0) for k in ks_of.get(i, ())], hi=0.0)
-        self.w = w
+
+        def energy(steps: Iterable[tuple[list[tuple[int, float]], int, int]]) -> None:
+            """Horn's condition for one copy engine over nested windows: ``steps`` run from the
+            innermost window ``[G, S]`` outwards with the copies (variable, time) each adds; the
+            copies of a window and of every window inside it fit in it.  A cumulative auxiliary
+            per window keeps this linear in size."""
+            acc = -1
+            for terms, start, end in steps:
+                if not terms and acc < 0:
+                    continue
+                total = var()
+                rows.add([(total, 1.0)] + ([(acc, -1.0)] if acc >= 0 else []) + [(v, -t) for v, t in terms], lo=0.0)
+                rows.add([(total, 1.0), (start, 1.0), (end, -1.0)], hi=0.0)
+                acc = total
 
         # "Copy-out finished before k": y[i, k].
         yv: dict[tuple[int, int], int] = {}
@@ -426,23 +433,9 @@ class SwapProgram:
             by_release.setdefault(c.act_op + 1, []).append(i)
         releases = sorted(by_release)
         for k in ks:
-            acc = -1
-            for rp in reversed(releases):
-                if rp > k:
-                    continue
-                terms = []
-                for i in by_release[rp]:
-                    c = cands[i]
-                    if c.next_use <= k:
-                        terms.append((o[i], c.t_out))
-                    elif (i, k) in yv:
-                        terms.append((yv[i, k], c.t_out))
-                if not terms and acc < 0:
-                    continue
-                Y = var()
-                rows.add([(Y, 1.0)] + ([(acc, -1.0)] if acc >= 0 else []) + [(v, -t) for v, t in terms], lo=0.0)
-                rows.add([(Y, 1.0), (G[rp], 1.0), (S[k], -1.0)], hi=0.0)
-                acc = Y
+            energy(([(o[i], cands[i].t_out) if cands[i].next_use <= k else (yv[i, k], cands[i].t_out)
+                     for i in by_release[rp] if cands[i].next_use <= k or (i, k) in yv], G[rp], S[k])
+                   for rp in reversed(releases) if rp <= k)
 
         # Copy-back energy: per checkpoint k, cumulative over due points h (earliest first).
         by_due: dict[int, list[int]] = {}
@@ -450,35 +443,18 @@ class SwapProgram:
             by_due.setdefault(c.next_use, []).append(i)
         dues = sorted(by_due)
         for k in ks:
-            acc = -1
-            for h in dues:
-                if h <= k:
-                    continue
-                terms = []
-                for i in by_due[h]:
-                    c = cands[i]
-                    if c.act_op >= k:
-                        terms.append((o[i], c.t_in))
-                    elif (i, k) in w:
-                        terms.append((w[i, k], c.t_in))
-                if not terms and acc < 0:
-                    continue
-                Z = var()
-                rows.add([(Z, 1.0)] + ([(acc, -1.0)] if acc >= 0 else []) + [(v, -t) for v, t in terms], lo=0.0)
-                rows.add([(Z, 1.0), (G[k + 1], 1.0), (S[h], -1.0)], hi=0.0)
-                acc = Z
+            energy(([(o[i], cands[i].t_in) if cands[i].act_op >= k else (w[i, k], cands[i].t_in)
+                     for i in by_due[h] if cands[i].act_op >= k or (i, k) in w], G[k + 1], S[h])
+                   for h in dues if h > k)
 
         # Memory while the re-runs before n run (only at the ops given: added where a replay needed it).
-        self.rerun_points = sorted({int(n) for n in rerun_points})
-        is_malloc = trace.event_kind == EventKind.MALLOC
-        mal = np.bincount(trace.event_op[is_malloc], minlength=n_ops,  # bytes each op allocates (its outputs)
-                          weights=trace.tensor_nbytes[trace.event_tensor[is_malloc]].astype(np.float64)).tolist()
-        scr = trace.op_scratch.astype(np.float64).tolist()
+        mal = sim.op_malloc.tolist()
+        scr = trace.op_scratch.tolist()
         targets_at: dict[int, list[int]] = {}
         for i, c in enumerate(cands):
             if r[i] >= 0:
                 targets_at.setdefault(c.next_use, []).append(i)
-        for n in self.rerun_points:
+        for n in sorted({int(n) for n in rerun_points}):
             tg = targets_at.get(n, [])
             if not tg:
                 continue
@@ -520,17 +496,9 @@ class SwapProgram:
         for i, c in enumerate(cands):
             rows.add([(S[c.next_use], 1.0), (G[c.act_op + 1], -1.0), (o[i], -(c.t_out + c.t_in))], lo=0.0)
         if not sim.profile.duplex:
-            starts = sorted({0} | {k + 1 for k in ks})
-            for s0 in starts:
-                acc = -1
-                for h in dues:
-                    terms = [(o[i], cands[i].t_out + cands[i].t_in) for i in by_due[h] if cands[i].act_op + 1 >= s0]
-                    if h <= s0 or (not terms and acc < 0):
-                        continue
-                    U = var()
-                    rows.add([(U, 1.0)] + ([(acc, -1.0)] if acc >= 0 else []) + [(v, -t) for v, t in terms], lo=0.0)
-                    rows.add([(U, 1.0), (G[s0], 1.0), (S[h], -1.0)], hi=0.0)
-                    acc = U
+            for s0 in sorted({0} | {k + 1 for k in ks}):
+                energy(([(o[i], cands[i].t_out + cands[i].t_in) for i in by_due[h] if cands[i].act_op + 1 >= s0],
+                        G[s0], S[h]) for h in dues if h > s0)
 
         self.c = np.asarray(cost)
         self.lb, self.ub = np.asarray(lb), np.asarray(ub)

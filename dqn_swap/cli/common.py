@@ -36,6 +36,20 @@ def batch_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def seconds(text: str) -> float:
+    """argparse type of ``--time-limit``: a positive number of seconds, said in one line otherwise."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
 def load_trace(path: str) -> Trace:
     return Trace.load(path)
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import load_trace, on_terminal, print_json
+from .common import load_trace, on_terminal, print_json, seconds
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planners", default="all",
                    help=f"comma-separated planners or 'all' ({', '.join(PLANNER_NAMES)})")
     p.add_argument("--agent", help="DQN checkpoint for the dqn planners (default checkpoints/default.pt)")
-    p.add_argument("--time-limit", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")
     p.add_argument("-o", "--output", default="comparison",
@@ -77,8 +77,9 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
         from tqdm import tqdm
 
         bar = tqdm(total=len(cells), desc="compare", unit="plan")
-    planner_objs = {pl: get_planner(pl, agent=agent, **({**planner_settings(pl, time_limit=time_limit),
-                                                         "progress": False} if pl == "optimal" else {}))
+    # no progress line of optimal's own: the comparison's bar is on the terminal
+    planner_objs = {pl: get_planner(pl, agent=agent, **(planner_settings(pl, time_limit=time_limit, progress=False)
+                                                        if pl == "optimal" else {}))
                     for pl in planners}
     rows = []
     for name, lim, pl in cells:
@@ -224,8 +225,6 @@ def run(args: argparse.Namespace) -> int:
         csv_path = check_output(folder / "compare.csv", args.force)
     if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
-    if not args.time_limit > 0:
-        raise ValueError(f"--time-limit must be a positive number of seconds, not {args.time_limit}")
     rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal(), time_limit=args.time_limit)
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from ..cost import PROFILES
-from .common import human, load_trace, on_terminal, print_json, print_table
+from .common import human, load_trace, on_terminal, print_json, print_table, seconds
 
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
               "the busiest op with every saved activation away from its last forward use to its next use) "
@@ -30,7 +30,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "action nodes up, else greedy; the default)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
-    p.add_argument("--time-limit", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
                    help="--planner optimal: stop the solver after this many seconds and report the plan "
                         "found and its certified gap (default 600)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -59,15 +59,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
 
 
-def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None) -> dict:
-    """The command line's settings for ``planner_name`` (decoding for dqn; time limit and a live
-    progress line on a terminal for optimal)."""
+def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None,
+                     progress: bool | None = None) -> dict:
+    """The command line's settings for ``planner_name``: decoding for dqn; for optimal, the time
+    limit and a live progress line (default: on a terminal)."""
     if planner_name == "dqn":
         return {"decode": decode}
     if planner_name == "optimal":
-        if time_limit is not None and not time_limit > 0:
-            raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit}")
-        return {"progress": on_terminal(), **({"time_limit": time_limit} if time_limit is not None else {})}
+        return {"progress": on_terminal() if progress is None else progress,
+                **({"time_limit": time_limit} if time_limit is not None else {})}
     return {}
 
 
