@@ -14,8 +14,8 @@ about an op beyond its schema:
   what it finds to the trace (``meta["unannotated_writes"]``), so an op missing
   from this table is still caught where it can be observed.
 * **How much scratch memory its kernel allocates** for itself while it runs
-  (:func:`estimate_scratch`), for traces recorded on ``meta`` where nothing is
-  allocated.  On cpu and cuda the recorder measures it instead.
+  (:func:`estimate_scratch`, for CUDA or CPU kernels), for traces recorded on
+  ``meta`` where nothing is allocated.  On cpu and cuda the recorder measures it instead.
 
 Every name is an overload packet as the trace stores it (``"aten.native_batch_norm"``).
 """
@@ -77,25 +77,42 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
+#: Kernel families a meta trace's scratch can be estimated for (:func:`estimate_scratch`).
+SCRATCH_MODELS = ("cuda", "cpu")
+
+
 def estimate_scratch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any],
-                     out: Any) -> int:
+                     out: Any, kernels: str = "cuda") -> int:
     """Scratch bytes ``func`` is expected to allocate for itself (a trace recorded on ``meta``).
 
-    A model of PyTorch's CPU kernels (oneDNN convolutions reorder their
-    operands into blocked layouts; batch norm's backward keeps a temporary of
-    its input's size), fitted to what the allocator shows on the CPU
+    ``kernels="cuda"`` (the default: every device profile is a GPU) models PyTorch's
+    CUDA kernels.  cuDNN convolutions take workspace per algorithm, but PyTorch tries
+    the algorithms in order and moves to the next when the workspace cannot be
+    allocated (``try_all`` in ``aten/src/ATen/native/cudnn/Conv_v7.cpp`` catches the
+    out-of-memory error; ``Conv_v8.cpp`` halves the workspace and drops the plans that
+    need more), down to implicit-GEMM algorithms that need none; so under
+    a memory limit a convolution needs no scratch, at some cost in speed the roofline
+    does not see.  cuDNN batch norm keeps its workspace in the reserve tensor it
+    returns; elementwise kernels, GEMMs and reductions write into their outputs.
+    Every op: none.
+
+    ``kernels="cpu"`` models PyTorch's CPU kernels (oneDNN convolutions reorder
+    their operands into blocked layouts; batch norm's backward keeps a temporary
+    of its input's size), fitted to what the allocator shows on the CPU
     (``tests/test_recorder.py`` checks it against measured traces):
 
     * ``convolution``: the larger of input and output, plus the weight;
     * ``convolution_backward``: the input plus the larger of input and gradient
       of the output, plus the weight;
     * ``native_batch_norm_backward``: the input;
-    * every other op: none (elementwise kernels, matmuls and reductions write
-      straight into their outputs).
+    * every other op: none.
 
-    CUDA kernels differ (cuDNN picks its workspace per algorithm): a trace
-    recorded on cuda measures them instead.
+    A trace recorded on cpu or cuda measures scratch instead.
     """
+    if kernels not in SCRATCH_MODELS:
+        raise ValueError(f"unknown kernels {kernels!r}: one of {', '.join(SCRATCH_MODELS)}")
+    if kernels == "cuda":
+        return 0
     name = op_name(func)
     if name == "aten.convolution":
         return max(_nbytes(args[0]), _nbytes(out)) + _nbytes(args[1])
@@ -106,4 +123,4 @@ def estimate_scratch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: M
     return 0
 
 
-__all__ = ["UNANNOTATED_WRITES", "argument", "estimate_scratch", "op_name", "written_positions"]
+__all__ = ["SCRATCH_MODELS", "UNANNOTATED_WRITES", "argument", "estimate_scratch", "op_name", "written_positions"]

@@ -22,7 +22,10 @@ malloc / write / read / free).  For each op it records:
   outputs and frees before it returns: on the CPU from the allocator's
   timeline (:class:`dqn_swap.meter.AllocatorTimeline`, a marker around every
   op), on CUDA from the allocator's peak statistics reset before every op, on
-  ``meta`` estimated (:func:`dqn_swap.ops.estimate_scratch`);
+  ``meta`` estimated for CUDA kernels (:func:`dqn_swap.ops.estimate_scratch`);
+* autograd's gradient accumulation as the in-place add it is in training
+  (:meth:`_Recorder.accumulate_in_place`: under a dispatch mode the engine
+  falls back to an out-of-place add);
 * for every pack of a saved tensor, how many ops ran before it (the
   runtime's anchors, :attr:`Trace.saved_op`).
 
@@ -55,6 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.module_tracker import ModuleTracker
@@ -62,7 +66,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline
-from .ops import UNANNOTATED_WRITES, estimate_scratch, op_name
+from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, op_name
 from .support import unsupported_reason
 from .trace import Phase, Role, Trace, TraceBuilder
 
@@ -90,8 +94,10 @@ def _mutated_args(func: torch._ops.OpOverload) -> tuple[int, ...]:
 class _Recorder(TorchDispatchMode):
     """Dispatch mode turning aten ops into trace events."""
 
-    def __init__(self, builder: TraceBuilder, device: torch.device, time_ops: bool, measure_scratch: bool) -> None:
+    def __init__(self, builder: TraceBuilder, device: torch.device, time_ops: bool, measure_scratch: bool,
+                 kernels: str = "cuda") -> None:
         super().__init__()
+        self.kernels = kernels  # meta: whose kernels' scratch to estimate (dqn_swap.ops.estimate_scratch)
         self.b = builder
         self.device_type = device.type
         self.device = device
@@ -117,6 +123,7 @@ class _Recorder(TorchDispatchMode):
         self.mutates: dict[torch._ops.OpOverload, tuple[int, ...]] = {}
         self.active = True
         self.error_op: str | None = None
+        self.accumulations: list[tuple[int, int, int]] = []  # (op, first operand, result): see accumulate_in_place
 
     # ------------------------------------------------------------ storages
     def on_device(self, tree: Any) -> list[torch.Tensor]:
@@ -261,16 +268,51 @@ class _Recorder(TorchDispatchMode):
         if cuda_peak:
             scratch = max(0, int(peak_during) - new_bytes)
         elif self.device_type == "meta":
-            scratch = estimate_scratch(func, args, kwargs, out)
+            scratch = estimate_scratch(func, args, kwargs, out, self.kernels)
         else:
             scratch = 0  # cpu: read from the timeline after the iteration (:meth:`scratch_from`)
         i = self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
                       flops=flops, bytes_moved=moved, module=self.module_path(), scratch=scratch)
+        if fresh and self.accumulation_candidate(func, args, kwargs, out):
+            self.accumulations.append((i, reads[0], fresh[0]))
         if self.measure_scratch and self.device_type == "cpu":
             self.marked.append((d, i, new_bytes))
         if self.time_ops:
             self.events.append((start, end))
         return out
+
+    def accumulation_candidate(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> bool:
+        """Whether ``func`` may be autograd summing two gradients of one tensor (``a + b``, in backward,
+        into a dense result shaped like ``a``): see :meth:`accumulate_in_place`."""
+        if self.phase != Phase.BACKWARD or func is not torch.ops.aten.add.Tensor or kwargs.get("alpha", 1) != 1:
+            return False
+        a = args[0]
+        return (isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.device.type == self.device_type
+                and a.shape == out.shape and a.dtype == out.dtype and is_non_overlapping_and_dense_or_false(a)
+                and a.untyped_storage().nbytes() == out.untyped_storage().nbytes())
+
+    def accumulate_in_place(self) -> None:
+        """Record autograd's gradient accumulation as the in-place add it is outside the recorder.
+
+        The autograd engine sums two gradients of one tensor with ``old.add_(new)`` when it
+        holds the last reference to ``old`` (``InputBuffer::accumulate`` in
+        ``torch/csrc/autograd/input_buffer.cpp``), and with ``old + new`` otherwise.  Under any
+        ``TorchDispatchMode`` every tensor has a Python object, so the reference count is never 1
+        and the engine always takes the out-of-place path: a recorded trace would hold both sums
+        at once at every residual junction (four activation-sized tensors instead of three in
+        ResNet-50's backward).  A backward ``a + b`` whose ``a`` was a gradient made in backward,
+        never saved and freed by that very op (the engine dropped it) is what the engine does in
+        place in training: the trace writes ``a`` instead of allocating a new tensor.
+        """
+        b = self.b
+        merged: dict[int, int] = {}
+        for op, into, out in self.accumulations:
+            into = merged.get(into, into)
+            alloc = b.t_alloc[into]
+            if (b.t_free[into] == op and b.t_saved[into] < 0 and b.t_role[into] == Role.TEMPORARY
+                    and alloc >= 0 and b.ops[alloc][1] == Phase.BACKWARD and b.t_alloc[out] == op):
+                b.write_in_place(op, out, into)
+                merged[out] = into
 
     def scratch_from(self, timeline: AllocatorTimeline) -> None:
         """Each op's scratch on the CPU: its allocations' peak above the bytes of its new outputs."""
@@ -387,7 +429,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
 def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | None = None,
                  optimizer: OptimizerArg = None, *, device: str | torch.device | None = None,
                  profile: str | DeviceProfile | None = None, iterations: int = 5,
-                 meta: dict[str, Any] | None = None) -> Trace:
+                 meta: dict[str, Any] | None = None, kernels: str = "cuda") -> Trace:
     """Record one training iteration of ``model`` as a :class:`~dqn_swap.trace.Trace`.
 
     Args:
@@ -405,6 +447,9 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         profile: device profile for op times and, later, transfers.
         iterations: on CUDA, timed iterations whose median op time is kept.
         meta: extra fields stored in the trace's metadata.
+        kernels: on ``meta``, whose kernels' scratch memory to estimate: ``"cuda"``
+            (the default; what the device profiles stand for) or ``"cpu"``
+            (:func:`dqn_swap.ops.estimate_scratch`).
 
     Returns:
         The trace of the last recorded iteration.
@@ -415,6 +460,8 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     reason = unsupported_reason(model)
     if reason is not None:
         raise RecordingError(reason)
+    if kernels not in SCRATCH_MODELS:
+        raise RecordingError(f"unknown kernels {kernels!r}: one of {', '.join(SCRATCH_MODELS)}")
     params = list(model.parameters()) + list(model.buffers())
     model_device = params[0].device if params else torch.device("cpu")
     device = torch.device(device) if device is not None else model_device
@@ -451,7 +498,7 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     for run in range(runs):
         builder = TraceBuilder()
         last = run == runs - 1  # the kept iteration: its scratch is measured
-        recorder = _Recorder(builder, device, time_ops, measure_scratch=last)
+        recorder = _Recorder(builder, device, time_ops, measure_scratch=last, kernels=kernels)
         _register_state(recorder, model, opt, example_inputs)
         if time_ops:
             torch.cuda.synchronize()
@@ -465,6 +512,7 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         except Exception as e:
             raise RecordingError(f"the model failed while recording: {type(e).__name__}: {e}") from e
         _assign_roles(recorder, model, opt)
+        recorder.accumulate_in_place()
         if time_ops:
             torch.cuda.synchronize()  # events must have completed before reading them
             durations.append(np.array([s.elapsed_time(e) * 1e-3 for s, e in recorder.events]))
@@ -476,6 +524,7 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     record_seconds = time.perf_counter() - t0
     trace_meta = {"device": device.type, "profile": profile.name, "profile_params": profile.to_dict(),
                   "recorded_iterations": runs, "scratch": "estimated" if device.type == "meta" else "measured",
+                  **({"scratch_kernels": kernels} if device.type == "meta" else {}),
                   "record_seconds": record_seconds, "torch": torch.__version__, **(meta or {})}
     if recorder.unannotated:
         trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}

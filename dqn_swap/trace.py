@@ -596,7 +596,41 @@ class TraceBuilder:
     def set_role(self, t: int, role: Role) -> None:
         self.t_role[t] = int(role)
 
+    def write_in_place(self, op: int, out: int, into: int) -> None:
+        """Rewrite op ``op`` to write ``into`` instead of allocating ``out``: ``out`` becomes
+        ``into`` from there on.  ``into`` must be freed by ``op`` (the op held its last use) and
+        ``out`` allocated by it; what ``out`` later was (its reads, free, role, packs) passes to
+        ``into``.  The recorder uses it for autograd's gradient accumulation (see
+        :mod:`dqn_swap.recorder`); tensor ids are compacted when the trace is built."""
+        if self.t_alloc[out] != op or self.t_free[into] != op:
+            raise ValueError(f"op {op} does not allocate tensor {out} and free tensor {into}")
+        events = []
+        for kind, i, t in self.events:
+            if i == op and ((kind == EventKind.MALLOC and t == out) or (kind == EventKind.FREE and t == into)):
+                continue
+            events.append((kind, i, into if t == out else t))
+        self.events = events
+        self.t_free[into] = self.t_free[out]
+        self.t_role[into] = self.t_role[out]
+        if self.t_saved[into] < 0:
+            self.t_saved[into] = self.t_saved[out]
+        self.saved = [into if t == out else t for t in self.saved]
+        self.t_alloc[out] = -3  # merged: dropped when built
+
+    def _drop_merged(self) -> None:
+        """Remove the tensors :meth:`write_in_place` merged away, renumbering the rest."""
+        keep = [t for t, a in enumerate(self.t_alloc) if a != -3]
+        if len(keep) == len(self.t_alloc):
+            return
+        new_id = {t: k for k, t in enumerate(keep)}
+        self.events = [(kind, i, new_id[t]) for kind, i, t in self.events]
+        self.saved = [new_id[t] for t in self.saved]
+        for name in ("t_nbytes", "t_role", "t_alloc", "t_free", "t_saved"):
+            column = getattr(self, name)
+            setattr(self, name, [column[t] for t in keep])
+
     def build(self, meta: "dict[str, Any] | None" = None) -> Trace:
+        self._drop_merged()
         ops = np.array(self.ops, dtype=np.float64).reshape(-1, 6)
         ev = np.array(self.events, dtype=np.int64).reshape(-1, 3)
         alloc = np.array(self.t_alloc, dtype=np.int32)

@@ -80,3 +80,18 @@ def broken_workload(batch_size, device):
             raise RuntimeError("this model always fails")
 
     return Workload("broken", Broken(), (torch.randn(batch_size, 2, device=device),), lambda y: y.sum(), None)
+
+
+def test_an_infeasible_plan_says_where_and_why_the_method_stops(tmp_path, capsys):
+    """A planner whose method cannot reach the trace's minimum memory says so in one line; the plan
+    file keeps it, and a planner that can reach it says nothing of the kind."""
+    trace = tmp_path / "r.trace"
+    assert run(["record", "--model", "resnet_tiny", "--batch-size", "8", "-o", str(trace)], capsys)[0] == 0
+    code, out, _ = run(["plan", str(trace), "-m", "0%", "--planner", "checkpoint", "-o", str(tmp_path / "c.json")],
+                       capsys)
+    assert code == 1
+    lines = [ln for ln in out.splitlines() if ln.startswith(("infeasible:", "checkpoint cannot"))]
+    assert lines[0].startswith("infeasible: #") and "recompute only: it never swaps" in lines[1]
+    assert "never swaps" in json.loads((tmp_path / "c.json").read_text())["settings"]["limitation"]
+    code, out, _ = run(["simulate", str(trace), "-m", "0%", "--planner", "window"], capsys)
+    assert code == 0 and "cannot plan down" not in out

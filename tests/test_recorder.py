@@ -161,18 +161,19 @@ def test_cuda_peak_matches_max_memory_allocated(name, batch):
 
 
 # --------------------------------------------------------------------------- scratch, anchors, unannotated writes
-def _record(name: str, batch: int, device: str):
+def _record(name: str, batch: int, device: str, **kwargs):
     from dqn_swap.models import build_workload
 
     w = build_workload(name, batch, device, seed=0)
-    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device)
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device, **kwargs)
 
 
 def test_cpu_measures_the_kernels_scratch_and_meta_estimates_it():
     """Convolutions reorder their operands on the CPU: their scratch is measured there, estimated
-    on meta (dqn_swap.ops.estimate_scratch), and the estimate stays near the measurement."""
-    cpu, meta = _record("resnet_tiny", 8, "cpu"), _record("resnet_tiny", 8, "meta")
+    on meta for CPU kernels (dqn_swap.ops.estimate_scratch), and the estimate stays near the measurement."""
+    cpu, meta = _record("resnet_tiny", 8, "cpu"), _record("resnet_tiny", 8, "meta", kernels="cpu")
     assert cpu.meta["scratch"] == "measured" and meta.meta["scratch"] == "estimated"
+    assert meta.meta["scratch_kernels"] == "cpu"
     names = [cpu.op_names[i] for i in cpu.op_name]
     conv_bwd = [i for i, n in enumerate(names) if n == "aten.convolution_backward"]
     assert all(cpu.op_scratch[i] > 0 for i in conv_bwd)
@@ -240,3 +241,61 @@ def test_an_unannotated_write_to_a_buffer_is_detected_and_protected():
     assert torch.equal(ref["counter"], got["counter"]) and float(got["counter"]) == 2.0
     for key in ref:
         assert torch.equal(ref[key], got[key])
+
+
+def test_meta_traces_model_cuda_kernels_by_default():
+    """cuDNN falls back to workspace-free algorithms when its workspace cannot be allocated: a meta
+    trace (the stand-in for a GPU) gives kernels no scratch unless told to model the CPU's."""
+    cuda, cpu = _record("resnet_tiny", 8, "meta"), _record("resnet_tiny", 8, "meta", kernels="cpu")
+    assert cuda.meta["scratch_kernels"] == "cuda" and not cuda.op_scratch.any()
+    assert cpu.op_scratch.any() and cuda.peak_bytes < cpu.peak_bytes
+    assert cuda.replace(op_scratch=cpu.op_scratch).fingerprint == cpu.fingerprint  # nothing else differs
+    with pytest.raises(RecordingError, match="unknown kernels 'gpu'"):
+        _record("resnet_tiny", 2, "meta", kernels="gpu")
+
+
+class _TwoUses(torch.nn.Module):
+    """``y`` feeds two branches: autograd sums their gradients of ``y`` in backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x).relu()
+        return (y * 2).sum() + (y * 3).sum()  # backward: y, both gradients of y and their sum at once
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_gradient_accumulation_is_recorded_in_place(device):
+    """Outside a dispatch mode the engine sums gradients with ``old.add_(new)``: the trace's backward
+    ``aten.add`` writes its first operand and allocates nothing."""
+    torch.manual_seed(0)
+    t = record_trace(_TwoUses(), torch.randn(256, 64), lambda out: out, device=device)
+    names = [t.op_names[i] for i in t.op_name]
+    adds = [i for i, n in enumerate(names) if n == "aten.add" and t.op_phase[i] == Phase.BACKWARD]
+    assert len(adds) == 1
+    (op,) = adds
+    kinds = {(EventKind(k).name, int(x)) for k, o, x in zip(t.event_kind, t.event_op, t.event_tensor) if o == op}
+    assert not any(k == "MALLOC" for k, _ in kinds)
+    written = [x for k, x in kinds if k == "WRITE"]
+    assert len(written) == 1 and ("READ", written[0]) in kinds  # reads and writes the running sum
+    assert t.tensor_free_op[written[0]] > op  # the sum lives on to the next op
+
+
+def test_in_place_accumulation_matches_the_allocator():
+    """The trace's unplanned peak is what the CPU allocator shows for the same iteration run plainly
+    (where the engine does add in place), within the kernels' scratch noise."""
+    from dqn_swap.meter import AllocatorTimeline
+
+    torch.manual_seed(0)
+    model, x = _TwoUses(), torch.randn(4096, 64)
+    trace = record_trace(model, x, lambda out: out, device="cpu")
+    model.zero_grad(set_to_none=True)
+    with AllocatorTimeline() as timeline:
+        model(x).backward()
+    persistent = sum(p.numel() * 4 for p in model.parameters()) + x.numel() * 4
+    assert abs((timeline.peak + persistent) / trace.peak_bytes - 1) < 0.02
+    # Out of place the sum would be a fourth activation-sized tensor at the peak (5 with the input).
+    activation = x.numel() * 4
+    assert trace.peak_bytes < persistent + 3.5 * activation

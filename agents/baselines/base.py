@@ -282,6 +282,9 @@ class BasePlanner:
     """
 
     name: str = ""
+    #: One line on why the method cannot plan down to the trace's minimum memory, where it
+    #: cannot (kept in an infeasible plan's settings as ``limitation``; empty: it can).
+    limitation: str = ""
 
     def __init__(self, **settings: Any) -> None:
         unknown = set(settings) - set(self.defaults())
@@ -306,6 +309,8 @@ class BasePlanner:
         actions, found = self.choose(TraceFacts(trace), evaluator)
         result = evaluator.run(actions)
         settings = {**self.settings, **found, "simulations": evaluator.simulations}
+        if not result.feasible and self.limitation:
+            settings["limitation"] = self.limitation
         return Plan(actions=Plan.sorted_actions(actions), memory_limit=int(memory_limit),
                     trace_fingerprint=trace.fingerprint, profile=profile.name, planner=self.name,
                     settings=_jsonable(settings), figures=result.figures(), schedule=result.schedule)

@@ -106,6 +106,9 @@ class CheckpointPlanner(BasePlanner):
     """Chen et al.'s sqrt(n) recompute-only checkpointing with memonger's budget search."""
 
     name = "checkpoint"
+    limitation = ("recompute only: it never swaps, so each segment's kept input, the activations that cannot be "
+                  "recomputed (written in place after they were made) and a segment's re-created activations "
+                  "stay on the device")
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -117,6 +117,9 @@ class LruPlanner(BasePlanner):
     """SuperNeurons-style LRU swapping with recomputation of cheap layers."""
 
     name = "lru"
+    limitation = ("it recomputes every evicted cheap layer (normalisation, activation, pooling, add), and a re-run "
+                  "needs the layer's input on the device beside its output at the busiest backward ops; "
+                  "mode=swap swaps them instead")
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -11,6 +11,7 @@ class NonePlanner(BasePlanner):
     """Plan nothing; the figures say whether the trace fits the limit as it is."""
 
     name = "none"
+    limitation = "it plans nothing: the iteration needs its unplanned peak"
 
     def choose(self, facts: TraceFacts, evaluator: Evaluator) -> tuple[ActionSet, dict[str, Any]]:
         return (), {}

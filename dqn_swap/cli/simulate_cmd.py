@@ -126,9 +126,19 @@ def run_simulate(args: argparse.Namespace) -> int:
                **result.figures(), **(certified(plan) if limit == plan.memory_limit else {}),
                "planning_s": planning_s}
     report(figures, args.json)
-    if not result.feasible and result.infeasible is not None and not args.json:
-        print(f"infeasible: {result.infeasible.message(trace)}")
+    if not result.feasible and not args.json:
+        explain_infeasible(trace, plan, result.infeasible)
     return 0 if result.feasible else 1
+
+
+def explain_infeasible(trace, plan, infeasible) -> None:  # noqa: ANN001
+    """Where an infeasible plan ran out of memory and, for a planner whose method cannot reach
+    the trace's minimum memory, why (``Plan.settings["limitation"]``)."""
+    if infeasible is not None:
+        print(f"infeasible: {infeasible.message(trace)}")
+    if plan.settings.get("limitation"):
+        print(f"{plan.planner} cannot plan down to the minimum ({human('bytes', trace.minimum_memory)}): "
+              f"{plan.settings['limitation']}")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -143,4 +153,10 @@ def run_plan(args: argparse.Namespace) -> int:
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)
-    return 0 if plan.figures.get("feasible", True) else 1
+    feasible = plan.figures.get("feasible", True)
+    if not feasible and not args.json:
+        from ..simulator import Infeasibility
+
+        reason = plan.figures.get("infeasible")
+        explain_infeasible(trace, plan, Infeasibility(**reason) if reason else None)
+    return 0 if feasible else 1
