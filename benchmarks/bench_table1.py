@@ -25,7 +25,7 @@ printed beside ours for scale; ours are simulated.  ``optimal`` (the exact
 planner) runs with ``--optimal-time`` seconds a cell at the paper's batches
 only (not in the bisections).
 
-Example (about 30 minutes on one core)::
+Example (about 15 minutes on one core)::
 
     python benchmarks/bench_table1.py --json benchmarks/results/table1.json \\
         --md benchmarks/results/table1.md --plot benchmarks/results/table1.png

@@ -184,7 +184,9 @@ class _Recorder(TorchDispatchMode):
         names = [p for p in self.tracker.parents if p != "Global"]
         if not names:
             return ""
-        deepest = max(names, key=lambda p: p.count("."))
+        # ``parents`` is a set: break ties between modules of one depth by name, not by the
+        # set's order (which changes with the interpreter's string hashing between processes).
+        deepest = max(names, key=lambda p: (p.count("."), p))
         return deepest.split(".", 1)[1] if "." in deepest else ""
 
     def watched_buffers(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor,

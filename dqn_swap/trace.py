@@ -531,6 +531,7 @@ class TraceBuilder:
         self.saved_op: list[int] = []
         self.module_call_op: list[int] = []
         self._pending_free: list[int] = []
+        self._merged: dict[int, tuple[int, int]] = {}  # tensor -> (op, tensor it became): write_in_place
 
     def tensor(self, nbytes: int, role: Role = Role.TEMPORARY, *, preexisting: bool = False) -> int:
         """Declare a storage; a preexisting one is alive before the first op."""
@@ -601,36 +602,44 @@ class TraceBuilder:
         ``into`` from there on.  ``into`` must be freed by ``op`` (the op held its last use) and
         ``out`` allocated by it; what ``out`` later was (its reads, free, role, packs) passes to
         ``into``.  The recorder uses it for autograd's gradient accumulation (see
-        :mod:`dqn_swap.recorder`); tensor ids are compacted when the trace is built."""
+        :mod:`dqn_swap.recorder`).  The events are rewritten, and tensor ids compacted, in one
+        pass when the trace is built."""
         if self.t_alloc[out] != op or self.t_free[into] != op:
             raise ValueError(f"op {op} does not allocate tensor {out} and free tensor {into}")
-        events = []
-        for kind, i, t in self.events:
-            if i == op and ((kind == EventKind.MALLOC and t == out) or (kind == EventKind.FREE and t == into)):
-                continue
-            events.append((kind, i, into if t == out else t))
-        self.events = events
+        self._merged[out] = (op, into)
         self.t_free[into] = self.t_free[out]
         self.t_role[into] = self.t_role[out]
         if self.t_saved[into] < 0:
             self.t_saved[into] = self.t_saved[out]
-        self.saved = [into if t == out else t for t in self.saved]
         self.t_alloc[out] = -3  # merged: dropped when built
 
-    def _drop_merged(self) -> None:
-        """Remove the tensors :meth:`write_in_place` merged away, renumbering the rest."""
-        keep = [t for t, a in enumerate(self.t_alloc) if a != -3]
-        if len(keep) == len(self.t_alloc):
+    def _apply_merges(self) -> None:
+        """Rewrite the events of :meth:`write_in_place` and drop the merged tensors, renumbering the rest."""
+        if not self._merged:
             return
+        into_of = {out: into for out, (_, into) in self._merged.items()}
+        # The merged op allocates nothing, and the tensor it writes lives on (its free is the one
+        # ``out`` had): drop that op's malloc of ``out`` and its free of ``into`` -- which may
+        # have been recorded under an earlier merged name of ``into``, so compare after renaming.
+        no_malloc = {(op, out) for out, (op, _) in self._merged.items()}
+        no_free = {(op, into) for _, (op, into) in self._merged.items()}
+        keep = [t for t, a in enumerate(self.t_alloc) if a != -3]
         new_id = {t: k for k, t in enumerate(keep)}
-        self.events = [(kind, i, new_id[t]) for kind, i, t in self.events]
-        self.saved = [new_id[t] for t in self.saved]
+        events = []
+        for kind, i, t in self.events:
+            named = into_of.get(t, t)
+            if (kind == EventKind.MALLOC and (i, t) in no_malloc) or (kind == EventKind.FREE and (i, named) in no_free):
+                continue
+            events.append((kind, i, new_id[named]))
+        self.events = events
+        self.saved = [new_id[into_of.get(t, t)] for t in self.saved]
         for name in ("t_nbytes", "t_role", "t_alloc", "t_free", "t_saved"):
             column = getattr(self, name)
             setattr(self, name, [column[t] for t in keep])
+        self._merged.clear()
 
     def build(self, meta: "dict[str, Any] | None" = None) -> Trace:
-        self._drop_merged()
+        self._apply_merges()
         ops = np.array(self.ops, dtype=np.float64).reshape(-1, 6)
         ev = np.array(self.events, dtype=np.int64).reshape(-1, 3)
         alloc = np.array(self.t_alloc, dtype=np.int32)

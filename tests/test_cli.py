@@ -34,6 +34,7 @@ def test_record_then_inspect(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["record", "--model", "resnet9000"], "unknown model 'resnet9000'"),
+    (["record", "--model", "gen:mixer:3"], "unknown network family 'mixer'"),
     (["record", "--model", "mlp_tiny", "--batch-size", "0"], "batch size must be a whole number"),
     (["record", "--model", "mlp_tiny", "--profile", "tpu"], "unknown device profile 'tpu'"),
     (["record", "--model", "mlp_tiny", "-o", "/nonexistent-dir/x.trace"], "does not exist"),

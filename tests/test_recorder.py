@@ -266,6 +266,31 @@ class _TwoUses(torch.nn.Module):
         return (y * 2).sum() + (y * 3).sum()  # backward: y, both gradients of y and their sum at once
 
 
+class _FourUses(torch.nn.Module):
+    """Four branches: autograd sums four gradients of ``y``, each sum into the previous one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x).relu()
+        return (y * 2).sum() + (y * 3).sum() + y.sigmoid().sum() + y.tanh().sum()
+
+
+def test_chained_accumulations_write_one_buffer():
+    t = record_trace(_FourUses(), torch.randn(32, 64), lambda out: out, device="meta")
+    names = [t.op_names[i] for i in t.op_name]
+    adds = [i for i, n in enumerate(names) if n == "aten.add" and t.op_phase[i] == Phase.BACKWARD]
+    assert len(adds) == 3
+    written = {int(x) for k, o, x in zip(t.event_kind, t.event_op, t.event_tensor) if o in adds and k == EventKind.WRITE}
+    assert len(written) == 1  # one running sum, written three times
+    (acc,) = written
+    frees = [int(o) for k, o, x in zip(t.event_kind, t.event_op, t.event_tensor) if x == acc and k == EventKind.FREE]
+    assert frees == [int(t.tensor_free_op[acc])] and frees[0] > adds[-1]
+    assert not (t.event_kind[np.isin(t.event_op, adds)] == EventKind.MALLOC).any()
+
+
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_gradient_accumulation_is_recorded_in_place(device):
     """Outside a dispatch mode the engine sums gradients with ``old.add_(new)``: the trace's backward
@@ -299,3 +324,18 @@ def test_in_place_accumulation_matches_the_allocator():
     # Out of place the sum would be a fourth activation-sized tensor at the peak (5 with the input).
     activation = x.numel() * 4
     assert trace.peak_bytes < persistent + 3.5 * activation
+
+
+def test_a_trace_is_the_same_in_every_process():
+    """Module attribution must not depend on string hashing (PYTHONHASHSEED): the same model
+    recorded in two processes has one fingerprint, so a plan made from either applies to both."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from dqn_swap.models import build_workload; from dqn_swap.recorder import record_trace; "
+            "w = build_workload('resnet18', 2); "
+            "print(record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device='meta').fingerprint)")
+    prints = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
+    assert len(prints) == 1

@@ -22,7 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog="Example: dqn-swap record --model resnet50 --batch-size 64 --device meta "
                "--profile v100-pcie3 -o r50.trace")
     p.add_argument("--model", required=True,
-                   help=f"a zoo network ({', '.join(MODEL_NAMES)}) or your own, as "
+                   help=f"a zoo network ({', '.join(MODEL_NAMES)}); hf:NAME, a Hugging Face architecture "
+                        "(hf:gpt2, hf:llama, hf:bert, hf:vit, hf:PATH/config.json); gen:FAMILY:SEED, a network "
+                        "drawn from a family of dqn_swap.models.generator (gen:mlp_mixer:3); or your own, as "
                         "'package.module:function' where function(batch_size, device) returns a "
                         "dqn_swap.models.Workload")
     p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
@@ -46,7 +48,7 @@ def load_workload(spec: str, batch_size: int, device: str, seed: int):
     if ":" not in spec:
         return build_workload(spec, batch_size, device, seed=seed)
     module_name, _, fn_name = spec.partition(":")
-    if module_name == "hf":
+    if module_name in ("hf", "gen"):
         return build_workload(spec, batch_size, device, seed=seed)
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)

@@ -20,6 +20,7 @@ gpt             GPT-2-small-shaped decoder, 512 tokens, vocabulary 50257, next-t
 gpt_tiny        2 layers, d_model 128, 4 heads, 64 tokens, vocabulary 1000, for tests
 hf:NAME         a Hugging Face transformer built from its configuration (random weights):
                 hf:gpt2, hf:llama, hf:bert, hf:vit, or hf:PATH to a config.json (:mod:`.hf`)
+gen:FAMILY:SEED a network drawn from a family of :mod:`.generator` (sizes from the seed)
 kmeans          one Lloyd iteration, batch_size*1024 points in 64-d, 256 centroids
 mlp_tiny        Linear(8,16)-ReLU-Linear(16,4), MSE to zeros, for tests
 ==============  ==========================================================================
@@ -167,11 +168,21 @@ def build_workload(name: str, batch_size: int, device: str | torch.device = "met
     ``torch.manual_seed(seed)`` runs first, so CPU weights (and later dropout masks) are
     reproducible; inputs and targets come from a CPU generator seeded with ``seed``.
     """
-    if name not in _BUILDERS and not name.startswith("hf:"):
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, or hf:NAME for a "
-                         "Hugging Face model (hf:gpt2, hf:llama, hf:bert, hf:vit, hf:PATH/config.json)")
+    if name not in _BUILDERS and not name.startswith(("hf:", "gen:")):
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, hf:NAME for a "
+                         "Hugging Face model (hf:gpt2, hf:llama, hf:bert, hf:vit, hf:PATH/config.json), or "
+                         "gen:FAMILY:SEED for a generated network")
     check_batch_size(batch_size)
     device = torch.device(device)
+    if name.startswith("gen:"):
+        from .generator import build_parts, parse_name, sample
+
+        spec = sample(*parse_name(name))
+        data = _Sampler(device, seed)
+        torch.manual_seed(seed)
+        with device:
+            model, inputs, loss_fn, make_optimizer = build_parts(spec, batch_size, data)
+        return Workload(name, model.train(), inputs, loss_fn, make_optimizer)
     if name.startswith("hf:"):
         from .hf import hf_workload
 

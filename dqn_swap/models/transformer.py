@@ -22,10 +22,12 @@ class GPTConfig:
     seq_len: int = 512
     vocab: int = 50257
     dropout: float = 0.1
+    #: False: every position attends to every other (an encoder, as in BERT or ViT).
+    causal: bool = True
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention written out op by op.
+    """Multi-head causal self-attention written out op by op (unmasked if ``cfg.causal`` is False).
 
     ``F.scaled_dot_product_attention`` would fuse scores, mask, softmax and dropout into one
     kernel (flash / memory-efficient attention) that saves only its own compact state;
@@ -40,15 +42,15 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
-        self.register_buffer(
-            "causal", torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).tril(), persistent=False
-        )
+        mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).tril() if cfg.causal else None
+        self.register_buffer("causal", mask, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
         scores = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
-        scores = scores.masked_fill(~self.causal[:t, :t], float("-inf"))
+        if self.causal is not None:
+            scores = scores.masked_fill(~self.causal[:t, :t], float("-inf"))
         y = self.attn_drop(F.softmax(scores, dim=-1)) @ v
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
 

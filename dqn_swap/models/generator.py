@@ -1,0 +1,346 @@
+"""Random networks by family: a corpus for planners that must plan networks they have never seen.
+
+A planner trained on five networks learns five answers; one trained on the space of
+networks can learn the structure of plans.  This module samples that space.  A
+*family* is an architecture with its sizes left open (:mod:`dqn_swap.models.families`
+and the zoo's own networks); a :class:`NetworkSpec` fixes them -- depth, width,
+resolution or sequence length, batch size and device profile -- from a family name and
+a seed, reproducibly (NumPy's ``default_rng`` seeded with the family and the seed).
+
+Families are split, by family, into training, validation and test sets
+(:data:`FAMILIES`, :func:`family_names`): a planner is trained on the training
+families, tuned on the validation families, and its generalization is measured on the
+test families, which it has never seen.  The test families are the five kinds of
+network the shipped agent was measured on outside the zoo (issue 13): MobileNetV2-style
+inverted residuals, vision transformers, GRU sequence-to-sequence models, wide ResNets
+and MLP-mixers.
+
+Every spec builds a :class:`~dqn_swap.models.Workload` and records on ``meta``::
+
+    spec = sample("mlp_mixer", seed=3)
+    trace = record_spec(spec)                       # meta, spec.profile, spec.batch_size
+    specs = corpus("train", per_family=20)          # 20 seeds of every training family
+
+and from the command line, at a batch of your choice, as ``--model gen:FAMILY:SEED``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: The splits, in the order a training run uses them.
+SPLITS = ("train", "validation", "test")
+
+Sizes = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture family: how to draw its sizes and its batch size.
+
+    ``batch``: the range batch sizes are drawn from, log-uniformly.
+    """
+
+    name: str
+    split: str
+    description: str
+    sample: Callable[[np.random.Generator], Sizes]
+    batch: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """One sampled network: its family, seed, batch size, device profile and sizes."""
+
+    family: str
+    seed: int
+    batch_size: int
+    profile: str
+    sizes: tuple[tuple[str, Any], ...]
+
+    @property
+    def name(self) -> str:
+        """The model name the command line accepts: ``gen:FAMILY:SEED``."""
+        return f"gen:{self.family}:{self.seed}"
+
+    @property
+    def split(self) -> str:
+        return FAMILIES[self.family].split
+
+    def config(self) -> Sizes:
+        return dict(self.sizes)
+
+
+# --------------------------------------------------------------------------- samplers
+def _choice(rng: np.random.Generator, values: "list[Any] | tuple[Any, ...]") -> Any:
+    return values[int(rng.integers(len(values)))]
+
+
+def _int(rng: np.random.Generator, low: int, high: int) -> int:
+    return int(rng.integers(low, high + 1))
+
+
+def _log_int(rng: np.random.Generator, low: int, high: int) -> int:
+    return int(round(float(np.exp(rng.uniform(np.log(low), np.log(high))))))
+
+
+def _plain_cnn(rng: np.random.Generator) -> Sizes:
+    stages, first = _int(rng, 2, 5), _choice(rng, (16, 32, 48, 64))
+    return {"widths": tuple(min(512, first * 2**i) for i in range(stages)), "convs": _int(rng, 1, 3),
+            "batch_norm": bool(rng.random() < 0.5), "image": _choice(rng, (32, 64, 96, 128)),
+            "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _residual(block: str, blocks: tuple[int, int], images: tuple[int, ...]) -> Callable[[np.random.Generator], Sizes]:
+    def sample(rng: np.random.Generator) -> Sizes:
+        stages = _int(rng, 3, 4)
+        return {"block": block, "blocks": tuple(_int(rng, *blocks) for _ in range(stages)),
+                "width": _choice(rng, (16, 32, 48, 64)), "image": _choice(rng, images),
+                "classes": _choice(rng, (10, 100, 1000))}
+
+    return sample
+
+
+def _encoder_decoder_cnn(rng: np.random.Generator) -> Sizes:
+    levels = _int(rng, 2, 4)
+    return {"levels": levels, "base": _choice(rng, (8, 16, 24, 32, 48)), "image": _choice(rng, (64, 96, 128, 192, 256)),
+            "classes": _int(rng, 2, 8)}
+
+
+def _decoder_transformer(rng: np.random.Generator) -> Sizes:
+    d_model = 64 * _int(rng, 2, 8)
+    return {"layers": _int(rng, 2, 8), "d_model": d_model, "heads": d_model // 64,
+            "seq_len": _choice(rng, (64, 128, 256, 384, 512)), "vocab": _log_int(rng, 1000, 32000)}
+
+
+def _recurrent_lm(rng: np.random.Generator) -> Sizes:
+    return {"vocab": _log_int(rng, 50, 10000), "hidden": 64 * _int(rng, 2, 16), "layers": _int(rng, 1, 3),
+            "seq_len": _int(rng, 10, 60)}
+
+
+def _deep_mlp(rng: np.random.Generator) -> Sizes:
+    return {"inputs": _choice(rng, (64, 256, 784, 1024)), "width": _choice(rng, (256, 512, 1024, 2048, 4096)),
+            "layers": _int(rng, 3, 16), "outputs": _choice(rng, (10, 100, 1000))}
+
+
+def _dense_cnn(rng: np.random.Generator) -> Sizes:
+    growth = _choice(rng, (8, 12, 16, 24, 32))
+    return {"blocks": tuple(_int(rng, 2, 8) for _ in range(_int(rng, 2, 4))), "growth": growth,
+            "image": _choice(rng, (64, 96, 128, 160)), "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _text_encoder(rng: np.random.Generator) -> Sizes:
+    d_model = 64 * _int(rng, 2, 8)
+    return {"layers": _int(rng, 2, 8), "d_model": d_model, "heads": d_model // 64,
+            "seq_len": _choice(rng, (64, 128, 256, 384)), "vocab": _log_int(rng, 1000, 30000)}
+
+
+def _inverted_residual_cnn(rng: np.random.Generator) -> Sizes:
+    widths = (16, 24, 32, 64, 96, 160, 320)
+    n = _int(rng, 4, 7)
+    stages = tuple((widths[i], _int(rng, 1, 4), 2 if i in (1, 2, 3, 5) else 1) for i in range(n))
+    return {"stages": stages, "expand": _int(rng, 2, 6), "stem": _choice(rng, (16, 24, 32)),
+            "image": _choice(rng, (64, 96, 128, 160, 224)), "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _vision_transformer(rng: np.random.Generator) -> Sizes:
+    d_model = 64 * _int(rng, 2, 6)
+    image, patch = _choice(rng, ((32, 4), (64, 8), (96, 8), (128, 16), (224, 16), (224, 32)))
+    return {"image": image, "patch": patch, "layers": _int(rng, 2, 8), "d_model": d_model, "heads": d_model // 64,
+            "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _gru_seq2seq(rng: np.random.Generator) -> Sizes:
+    return {"vocab": _log_int(rng, 100, 10000), "hidden": 64 * _int(rng, 2, 12), "layers": _int(rng, 1, 3),
+            "source_len": _int(rng, 8, 40), "target_len": _int(rng, 8, 40)}
+
+
+def _wide_residual_cnn(rng: np.random.Generator) -> Sizes:
+    return {"block": "wide", "blocks": (_int(rng, 1, 4),) * 3, "width": 16, "widen": _int(rng, 2, 10),
+            "dropout": _choice(rng, (0.0, 0.3)), "image": 32, "classes": _choice(rng, (10, 100))}
+
+
+def _mlp_mixer(rng: np.random.Generator) -> Sizes:
+    channels = 64 * _int(rng, 2, 8)
+    image, patch = _choice(rng, ((32, 4), (64, 8), (96, 8), (128, 16), (224, 16), (224, 32)))
+    return {"image": image, "patch": patch, "layers": _int(rng, 2, 8), "channels": channels,
+            "token_hidden": 32 * _int(rng, 2, 8), "channel_hidden": channels * _int(rng, 2, 4),
+            "classes": _choice(rng, (10, 100, 1000))}
+
+
+#: Every family, by name, with its split.
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("plain_cnn", "train", "VGG-style 3x3 convolution stacks", _plain_cnn, (8, 256)),
+    Family("residual_cnn", "train", "ResNet of basic blocks", _residual("basic", (1, 4), (32, 64, 96, 128)),
+           (8, 256)),
+    Family("bottleneck_cnn", "train", "ResNet of bottleneck blocks",
+           _residual("bottleneck", (1, 6), (64, 96, 128, 160)), (8, 128)),
+    Family("encoder_decoder_cnn", "train", "U-Net encoder-decoder with skip connections", _encoder_decoder_cnn,
+           (2, 32)),
+    Family("decoder_transformer", "train", "GPT-style causal decoder", _decoder_transformer, (2, 32)),
+    Family("recurrent_lm", "train", "unrolled LSTM language model", _recurrent_lm, (16, 256)),
+    Family("deep_mlp", "train", "fully connected layers with layer norm", _deep_mlp, (64, 4096)),
+    Family("dense_cnn", "validation", "DenseNet-BC dense blocks", _dense_cnn, (8, 128)),
+    Family("text_encoder", "validation", "BERT-style bidirectional encoder", _text_encoder, (2, 32)),
+    Family("inverted_residual_cnn", "test", "MobileNetV2-style inverted residuals", _inverted_residual_cnn,
+           (16, 128)),
+    Family("vision_transformer", "test", "ViT: patch embedding and encoder blocks", _vision_transformer, (16, 128)),
+    Family("gru_seq2seq", "test", "GRU encoder-decoder, teacher forcing", _gru_seq2seq, (16, 256)),
+    Family("wide_residual_cnn", "test", "wide ResNet (pre-activation, dropout)", _wide_residual_cnn, (16, 128)),
+    Family("mlp_mixer", "test", "MLP-Mixer token and channel mixing", _mlp_mixer, (16, 128)),
+)}
+
+
+def family_names(split: str | None = None) -> tuple[str, ...]:
+    """The families of ``split`` (all of them for None), in a fixed order."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
+    return tuple(name for name, f in FAMILIES.items() if split is None or f.split == split)
+
+
+def _family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown network family {name!r}; families: {', '.join(FAMILIES)}") from None
+
+
+def sample(family: str, seed: int, *, profiles: tuple[str, ...] | None = None) -> NetworkSpec:
+    """The network of ``family`` drawn with ``seed``: sizes, batch size and device profile."""
+    from ..cost import PROFILES
+
+    fam = _family(family)
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"a network's seed is a whole number from 0 up, not {seed!r}")
+    rng = np.random.default_rng([zlib.crc32(family.encode()), int(seed)])
+    sizes = fam.sample(rng)
+    batch = _log_int(rng, *fam.batch)
+    profile = _choice(rng, tuple(profiles or sorted(PROFILES)))
+    return NetworkSpec(family, int(seed), batch, profile, tuple(sizes.items()))
+
+
+def corpus(split: str, per_family: int, first_seed: int = 0) -> list[NetworkSpec]:
+    """``per_family`` networks (seeds ``first_seed`` on) of every family of ``split``."""
+    return [sample(f, s) for f in family_names(split) for s in range(first_seed, first_seed + per_family)]
+
+
+def parse_name(name: str) -> tuple[str, int]:
+    """``"gen:FAMILY:SEED"`` as (family, seed); ``ValueError`` naming the form otherwise."""
+    parts = name.split(":")
+    if len(parts) != 3 or parts[0] != "gen" or not parts[2].isdigit():
+        raise ValueError(f"a generated network is named gen:FAMILY:SEED (e.g. gen:mlp_mixer:3), not {name!r}; "
+                         f"families: {', '.join(FAMILIES)}")
+    _family(parts[1])
+    return parts[1], int(parts[2])
+
+
+# --------------------------------------------------------------------------- building
+def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
+    """(model, inputs, loss_fn, optimizer factory) of ``spec`` at ``batch``; ``data`` draws inputs
+    (:class:`dqn_swap.models.registry._Sampler`).  Called on the target device."""
+    import torch.nn.functional as F
+
+    from . import families as fm
+    from .densenet import DenseNet
+    from .registry import adam, sgd_momentum
+    from .rnn import CharLSTM
+    from .transformer import GPT, GPTConfig
+    from .unet import UNet
+
+    c = spec.config()
+
+    def classify(model: Any, image: int, classes: int) -> tuple:
+        target = data.randint(classes, batch)
+        return model, (data.randn(batch, 3, image, image),), lambda out: F.cross_entropy(out, target), sgd_momentum
+
+    def language(model: Any, vocab: int, seq: int) -> tuple:
+        tokens = data.randint(vocab, batch, seq + 1)
+        inputs, target = tokens[:, :-1].contiguous(), tokens[:, 1:].reshape(-1)
+        return model, (inputs,), lambda out: F.cross_entropy(out.reshape(-1, vocab), target), adam
+
+    f = spec.family
+    if f == "plain_cnn":
+        return classify(fm.PlainCNN(c["widths"], c["convs"], c["batch_norm"], c["classes"]), c["image"], c["classes"])
+    if f in ("residual_cnn", "bottleneck_cnn", "wide_residual_cnn"):
+        model = fm.ResidualCNN(c["block"], c["blocks"], c["width"], c["classes"], c.get("widen", 1),
+                               c.get("dropout", 0.0))
+        return classify(model, c["image"], c["classes"])
+    if f == "inverted_residual_cnn":
+        return classify(fm.InvertedResidualCNN(c["stages"], c["expand"], c["stem"], c["classes"]), c["image"],
+                        c["classes"])
+    if f == "dense_cnn":
+        model = DenseNet(c["blocks"], c["growth"], 2 * c["growth"], num_classes=c["classes"])
+        return classify(model, c["image"], c["classes"])
+    if f == "vision_transformer":
+        model = fm.VisionTransformer(c["image"], c["patch"], c["layers"], c["d_model"], c["heads"], c["classes"])
+        return classify(model, c["image"], c["classes"])
+    if f == "mlp_mixer":
+        model = fm.MLPMixer(c["image"], c["patch"], c["layers"], c["channels"], c["token_hidden"],
+                            c["channel_hidden"], c["classes"])
+        return classify(model, c["image"], c["classes"])
+    if f == "encoder_decoder_cnn":
+        target = data.randint(c["classes"], batch, c["image"], c["image"])
+        model = UNet(3, c["classes"], c["base"], c["levels"])
+        return model, (data.randn(batch, 3, c["image"], c["image"]),), lambda out: F.cross_entropy(out, target), \
+            sgd_momentum
+    if f == "decoder_transformer":
+        cfg = GPTConfig(layers=c["layers"], d_model=c["d_model"], heads=c["heads"], seq_len=c["seq_len"],
+                        vocab=c["vocab"])
+        return language(GPT(cfg), c["vocab"], c["seq_len"])
+    if f == "text_encoder":
+        return language(fm.TextEncoder(c["vocab"], c["seq_len"], c["layers"], c["d_model"], c["heads"]), c["vocab"],
+                        c["seq_len"])
+    if f == "recurrent_lm":
+        return language(CharLSTM(c["vocab"], c["hidden"], c["layers"]), c["vocab"], c["seq_len"])
+    if f == "gru_seq2seq":
+        source = data.randint(c["vocab"], batch, c["source_len"])
+        target = data.randint(c["vocab"], batch, c["target_len"] + 1)
+        decoder_in, labels = target[:, :-1].contiguous(), target[:, 1:].reshape(-1)
+        model = fm.GRUSeq2Seq(c["vocab"], c["hidden"], c["layers"])
+        return model, (source, decoder_in), \
+            lambda out: F.cross_entropy(out.reshape(-1, c["vocab"]), labels), adam
+    if f == "deep_mlp":
+        target = data.randint(c["outputs"], batch)
+        model = fm.DeepMLP(c["inputs"], c["width"], c["layers"], c["outputs"])
+        return model, (data.randn(batch, c["inputs"]),), lambda out: F.cross_entropy(out, target), sgd_momentum
+    raise AssertionError(f"family {f!r} has no builder")
+
+
+def record_spec(spec: NetworkSpec, *, batch_size: int | None = None, profile: str | None = None) -> Any:
+    """Record ``spec`` on ``meta`` (its own batch size and profile unless given): a
+    :class:`~dqn_swap.trace.Trace` whose metadata names the network, family and split."""
+    from ..recorder import record_trace
+    from .registry import build_workload
+
+    batch = batch_size or spec.batch_size
+    w = build_workload(spec.name, batch, device="meta", seed=spec.seed)
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+                        profile=profile or spec.profile,
+                        meta={"model": spec.name, "batch_size": batch, "family": spec.family, "split": spec.split,
+                              "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.sizes}})
+
+
+def record_corpus(specs: list[NetworkSpec], out_dir: str | Path,
+                  progress: Callable[[NetworkSpec], None] | None = None) -> list[Path]:
+    """Record every spec into ``out_dir`` as ``FAMILY-SEED.trace``; traces already there are kept."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for spec in specs:
+        path = out / f"{spec.family}-{spec.seed}.trace"
+        if not path.exists():
+            record_spec(spec).save(path)
+        if progress is not None:
+            progress(spec)
+        paths.append(path)
+    return paths
+
+
+__all__ = ["FAMILIES", "SPLITS", "Family", "NetworkSpec", "corpus", "family_names", "parse_name", "record_corpus",
+           "record_spec", "sample"]
