@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""Zero-shot planning of generated networks: an agent against the best baseline, family by family.
+
+Draws ``--per-family`` networks of every family of ``--split`` (default ``test``: the
+families no shipped agent is trained on, :mod:`dqn_swap.models.generator`), records each
+on ``meta`` at its own batch size and device profile (cached under ``runs/corpus/``),
+and plans it at 90/70/50/30 % of the way from its minimum memory to its peak with every
+baseline and with the agent (``dqn``; ``--search`` adds ``dqn-search``).  A cell counts
+for the agent when its plan is feasible wherever a baseline's is and its simulated
+overhead is at most the best baseline's plus ``--tolerance`` (default 1e-3, the
+issue's).
+
+Example::
+
+    python benchmarks/bench_generalization.py --split test --per-family 1 \\
+        --json benchmarks/results/generalization_test.json --md benchmarks/results/generalization_test.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_dqn import DEFAULT_AGENT, LIMITS, pct, write_json  # noqa: E402
+
+BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
+CORPUS = ROOT / "runs" / "corpus"
+
+
+def figures(trace: Any, plan: Any, limit: int) -> dict[str, Any]:
+    from dqn_swap.cost import get_profile
+    from dqn_swap.simulator import simulate
+
+    res = simulate(trace, plan.actions, limit, get_profile(trace.meta["profile"]))
+    return {"feasible": bool(res.feasible), "overhead": float(res.overhead) if res.feasible else None}
+
+
+def plan_cell(trace: Any, limit: int, planners: dict[str, Any]) -> dict[str, Any]:
+    cell: dict[str, Any] = {}
+    for name, planner in planners.items():
+        t0 = time.perf_counter()
+        try:
+            cell[name] = figures(trace, planner.plan(trace, limit, trace.meta["profile"]), limit)
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot plan this cell counts as infeasible
+            cell[name] = {"feasible": False, "overhead": None, "error": f"{type(e).__name__}: {e}"[:120]}
+        cell[name]["seconds"] = round(time.perf_counter() - t0, 3)
+    return cell
+
+
+def judge(cell: dict[str, Any], agent: str, tolerance: float) -> tuple[str | None, bool]:
+    """The best feasible baseline of a cell, and whether ``agent`` is at or below it."""
+    feasible = [n for n in BASELINES if n in cell and cell[n]["feasible"]]
+    best = min(feasible, key=lambda n: cell[n]["overhead"]) if feasible else None
+    a = cell[agent]
+    if best is None:
+        return None, True
+    return best, bool(a["feasible"] and a["overhead"] <= cell[best]["overhead"] + tolerance)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dqn_swap.agents import get_planner
+    from dqn_swap.models.generator import corpus, record_corpus
+    from dqn_swap.trace import Trace
+
+    specs = corpus(args.split, args.per_family, args.first_seed)
+    paths = record_corpus(specs, CORPUS / args.split)
+    agents = ["dqn", *(["dqn-search"] if args.search else [])]
+    planners = {n: get_planner(n) for n in BASELINES}
+    planners |= {n: get_planner(n, agent=args.agent) for n in agents}
+    cells = []
+    for spec, path in zip(specs, paths):
+        trace = Trace.load(path)
+        for frac in args.limits:
+            limit = pct(frac).resolve(trace)
+            cell = {"network": spec.name, "family": spec.family, "batch_size": spec.batch_size,
+                    "profile": spec.profile, "n_ops": trace.n_ops, "limit": frac, "limit_bytes": limit,
+                    **plan_cell(trace, limit, planners)}
+            for agent in agents:
+                cell[f"{agent}_best_baseline"], cell[f"{agent}_wins"] = judge(cell, agent, args.tolerance)
+            cells.append(cell)
+            best = cell["dqn_best_baseline"]
+            best_text = "-" if best is None else "{:.4f} ({})".format(cell[best]["overhead"], best)
+            agent_text = "  ".join(
+                "{} {}{}".format(a, "{:.4f}".format(cell[a]["overhead"]) if cell[a]["feasible"] else "x",
+                                 " WIN" if cell[a + "_wins"] else "") for a in agents)
+            print(f"{spec.name:28s} {round(frac * 100):3d}%  best {best_text:24s} {agent_text}", flush=True)
+    summary = {a: {"wins": sum(c[f"{a}_wins"] for c in cells), "cells": len(cells)} for a in agents}
+    return {"split": args.split, "per_family": args.per_family, "first_seed": args.first_seed,
+            "agent": str(args.agent), "tolerance": args.tolerance, "limits": args.limits, "cells": cells,
+            "summary": summary}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    agents = list(result["summary"])
+    head = ["network", "batch, profile", "limit", *BASELINES, *agents]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in result["cells"]:
+        feasible = [c[n]["overhead"] for n in BASELINES if c[n]["feasible"]]
+        low = min(feasible) if feasible else None
+
+        def fmt(fig: dict[str, Any], bold: bool) -> str:
+            if not fig["feasible"]:
+                return "×"
+            return f"**{fig['overhead']:.4f}**" if bold else f"{fig['overhead']:.4f}"
+
+        row = [c["network"], f"b{c['batch_size']}, {c['profile']}", f"{round(c['limit'] * 100)} %"]
+        row += [fmt(c[n], low is not None and c[n]["feasible"] and c[n]["overhead"] <= low + 1e-12) for n in BASELINES]
+        row += [fmt(c[a], False) + (" ✓" if c[f"{a}_wins"] else "") for a in agents]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    for a, s in result["summary"].items():
+        lines.append(f"`{a}` at or below the best baseline (+{result['tolerance']:g}) in {s['wins']} of {s['cells']} "
+                     f"cells of the {result['split']} families.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--split", default="test", choices=("train", "validation", "test"))
+    p.add_argument("--per-family", type=int, default=1)
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--limits", type=float, nargs="+", default=list(LIMITS))
+    p.add_argument("--agent", default=str(DEFAULT_AGENT), help="the DQN checkpoint (default: the shipped one)")
+    p.add_argument("--search", action="store_true", help="also plan with dqn-search")
+    p.add_argument("--tolerance", type=float, default=1e-3)
+    p.add_argument("--json")
+    p.add_argument("--md")
+    args = p.parse_args(argv)
+    result = run(args)
+    write_json(result, args.json)
+    text = markdown(result)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
