@@ -127,8 +127,9 @@ class MemoryLimit:
         if check_minimum and limit < low:
             raise MemoryLimitError(
                 f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this trace, "
-                f"{format_bytes(low)} ({low} bytes: what stays on the device at its busiest op even with every "
-                "saved activation moved away between its last forward use and its next use)")
+                f"{format_bytes(low)} ({low} bytes: what stays on the device at its busiest op, "
+                f"{trace.op_label(trace.minimum_memory_op)}, even with every saved activation moved away between "
+                "its last forward use and its next use)")
         return limit
 
     def __str__(self) -> str:

@@ -284,6 +284,20 @@ class Trace:
         return np.where(movable, action, -1), np.where(movable, ret, -1)
 
     @cached_property
+    def minimum_memory_per_op(self) -> np.ndarray:
+        """Per op, the bytes that stay on the device while it runs whatever the plan
+        (:attr:`minimum_memory` is their largest)."""
+        if self.n_ops == 0:
+            return np.zeros(0, dtype=np.int64)
+        action, ret = self.action_window
+        gap = np.flatnonzero(ret > action + 1)  # an op runs while the tensor is away
+        away = np.zeros(self.n_ops + 1, dtype=np.int64)
+        size = self.tensor_nbytes[gap]
+        np.add.at(away, action[gap] + 1, size)
+        np.add.at(away, ret[gap], -size)
+        return self.op_memory - np.cumsum(away)[:-1]
+
+    @cached_property
     def minimum_memory(self) -> int:
         """A lower bound on the memory any plan needs: the 0% of percentage limits.
 
@@ -297,13 +311,12 @@ class Trace:
         """
         if self.n_ops == 0:
             return self.initial_bytes
-        action, ret = self.action_window
-        gap = np.flatnonzero(ret > action + 1)  # an op runs while the tensor is away
-        away = np.zeros(self.n_ops + 1, dtype=np.int64)
-        size = self.tensor_nbytes[gap]
-        np.add.at(away, action[gap] + 1, size)
-        np.add.at(away, ret[gap], -size)
-        return int((self.op_memory - np.cumsum(away)[:-1]).max())
+        return int(self.minimum_memory_per_op.max())
+
+    @cached_property
+    def minimum_memory_op(self) -> int:
+        """The op at which :attr:`minimum_memory` is reached (-1 for a trace without ops)."""
+        return int(self.minimum_memory_per_op.argmax()) if self.n_ops else -1
 
     @cached_property
     def saved_bytes(self) -> int:
@@ -473,6 +486,7 @@ class Trace:
             "saved_activation_bytes": self.saved_bytes,
             "persistent_bytes": self.persistent_bytes,
             "minimum_memory_bytes": self.minimum_memory,
+            "minimum_memory_op": self.op_label(self.minimum_memory_op) if self.n_ops else None,
             "max_op_scratch_bytes": int(self.op_scratch.max()) if self.n_ops else 0,
             "scratch": self.meta.get("scratch", "none"),
         }

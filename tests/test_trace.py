@@ -116,8 +116,10 @@ def test_memory_limits():
     t = small_trace()  # minimum 120, peak 120: every limit resolves to 120
     assert resolve_memory_limit(t, "50%") == 120
     assert resolve_memory_limit(t, "1KiB") == 1024
-    with pytest.raises(ValueError, match="below the minimum.*120 bytes"):
+    with pytest.raises(ValueError, match="below the minimum.*120 bytes") as refused:
         resolve_memory_limit(t, "100B")
+    assert t.op_label(t.minimum_memory_op) in str(refused.value)  # names the op that needs it
+    assert t.minimum_memory_per_op[t.minimum_memory_op] == t.minimum_memory
     with pytest.raises(ValueError, match="between 0%"):
         resolve_memory_limit(t, "150%")
 
