@@ -66,7 +66,8 @@ def judge(cell: dict[str, Any], agent: str, tolerance: float) -> tuple[str | Non
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.agents import get_planner
-    from dqn_swap.models.generator import corpus, record_corpus
+    from dqn_swap.models.corpus import record_corpus
+    from dqn_swap.models.generator import corpus
     from dqn_swap.trace import Trace
 
     specs = corpus(args.split, args.per_family, args.first_seed)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dqn_swap.models import build_workload
-from dqn_swap.models.generator import (FAMILIES, SPLITS, corpus, family_names, parse_name, record_corpus,
-                                       record_spec, sample)
+from dqn_swap.models.corpus import record_corpus, record_spec
+from dqn_swap.models.generator import FAMILIES, SPLITS, corpus, family_names, parse_name, sample
 from dqn_swap.trace import Trace
 
 

@@ -15,13 +15,13 @@ network the shipped agent was measured on outside the zoo (issue 13): MobileNetV
 inverted residuals, vision transformers, GRU sequence-to-sequence models, wide ResNets
 and MLP-mixers.
 
-Every spec builds a :class:`~dqn_swap.models.Workload` and records on ``meta``::
+Every spec builds a :class:`~dqn_swap.models.Workload` (``build_workload("gen:FAMILY:SEED",
+batch)``, and ``--model gen:FAMILY:SEED`` on the command line) and records on ``meta``
+(:mod:`dqn_swap.models.corpus`)::
 
     spec = sample("mlp_mixer", seed=3)
-    trace = record_spec(spec)                       # meta, spec.profile, spec.batch_size
     specs = corpus("train", per_family=20)          # 20 seeds of every training family
-
-and from the command line, at a batch of your choice, as ``--model gen:FAMILY:SEED``.
+    trace = record_spec(spec)                       # meta, spec.profile, spec.batch_size
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -248,7 +247,7 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
 
     from . import families as fm
     from .densenet import DenseNet
-    from .registry import adam, sgd_momentum
+    from .optim import adam, sgd_momentum
     from .rnn import CharLSTM
     from .transformer import GPT, GPTConfig
     from .unet import UNet
@@ -312,35 +311,5 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
     raise AssertionError(f"family {f!r} has no builder")
 
 
-def record_spec(spec: NetworkSpec, *, batch_size: int | None = None, profile: str | None = None) -> Any:
-    """Record ``spec`` on ``meta`` (its own batch size and profile unless given): a
-    :class:`~dqn_swap.trace.Trace` whose metadata names the network, family and split."""
-    from ..recorder import record_trace
-    from .registry import build_workload
-
-    batch = batch_size or spec.batch_size
-    w = build_workload(spec.name, batch, device="meta", seed=spec.seed)
-    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
-                        profile=profile or spec.profile,
-                        meta={"model": spec.name, "batch_size": batch, "family": spec.family, "split": spec.split,
-                              "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.sizes}})
-
-
-def record_corpus(specs: list[NetworkSpec], out_dir: str | Path,
-                  progress: Callable[[NetworkSpec], None] | None = None) -> list[Path]:
-    """Record every spec into ``out_dir`` as ``FAMILY-SEED.trace``; traces already there are kept."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for spec in specs:
-        path = out / f"{spec.family}-{spec.seed}.trace"
-        if not path.exists():
-            record_spec(spec).save(path)
-        if progress is not None:
-            progress(spec)
-        paths.append(path)
-    return paths
-
-
-__all__ = ["FAMILIES", "SPLITS", "Family", "NetworkSpec", "corpus", "family_names", "parse_name", "record_corpus",
-           "record_spec", "sample"]
+__all__ = ["FAMILIES", "SPLITS", "Family", "NetworkSpec", "build_parts", "corpus", "family_names", "parse_name",
+           "sample"]

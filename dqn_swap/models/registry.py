@@ -43,6 +43,7 @@ from torch import nn
 from .densenet import DenseNet
 from .names import MODEL_NAMES as _NAMES
 from .names import check_batch_size
+from .optim import adam, sgd_momentum
 from .kmeans import KMeansStep
 from .resnet import RESNET_LAYERS, CifarResNet, PreActResNet, resnet
 from .rnn import CharLSTM
@@ -67,14 +68,6 @@ class Workload:
     example_inputs: tuple
     loss_fn: LossFn | None
     make_optimizer: OptimizerFactory | None
-
-
-def sgd_momentum(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
-
-
-def adam(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=1e-3, foreach=False)
 
 
 class _Sampler:
