@@ -71,3 +71,15 @@ def test_record_corpus_keeps_what_is_there(tmp_path):
     stamp = paths[0].stat().st_mtime_ns
     record_corpus(specs, tmp_path)
     assert paths[0].stat().st_mtime_ns == stamp  # not recorded again, not overwritten
+
+
+def test_every_zoo_and_hf_network_has_its_family():
+    from dqn_swap.models import HF_NAMES, MODEL_NAMES
+    from dqn_swap.models.generator import ZOO_FAMILIES, family_of, split_of
+
+    assert set(ZOO_FAMILIES) == set(MODEL_NAMES) | set(HF_NAMES)
+    assert all(f is None or f in FAMILIES for f in ZOO_FAMILIES.values())
+    assert split_of("hf:vit") == "test" and split_of("densenet121") == "validation" and split_of("resnet50") == "train"
+    assert family_of("gen:mlp_mixer:2") == "mlp_mixer" and split_of("kmeans") is None
+    with pytest.raises(ValueError, match="no family is known for 'alexnet'"):
+        family_of("alexnet")

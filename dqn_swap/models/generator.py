@@ -196,6 +196,34 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 
 
+#: The family each zoo and Hugging Face network belongs to (None: no family's, e.g. K-means), so
+#: that a network of a held-out family is never trained on, whichever way it is named.
+ZOO_FAMILIES: dict[str, str | None] = {
+    **{f"resnet{d}": "residual_cnn" for d in (18, 34)},
+    **{f"resnet{d}": "bottleneck_cnn" for d in (50, 101, 152, 1001, 1517)},
+    "resnet_sd": "residual_cnn", "resnet_tiny": "residual_cnn", "vgg16": "plain_cnn", "vgg19": "plain_cnn",
+    "densenet121": "dense_cnn", "unet": "encoder_decoder_cnn", "lstm": "recurrent_lm", "lstm_short": "recurrent_lm",
+    "gpt": "decoder_transformer", "gpt_tiny": "decoder_transformer", "kmeans": None, "mlp_tiny": "deep_mlp",
+    "hf:gpt2": "decoder_transformer", "hf:llama": "decoder_transformer", "hf:bert": "text_encoder",
+    "hf:vit": "vision_transformer",
+}
+
+
+def family_of(model: str) -> str | None:
+    """The family of a model name: ``gen:FAMILY:SEED``, a zoo name or ``hf:NAME`` (None: none)."""
+    if model.startswith("gen:"):
+        return parse_name(model)[0]
+    if model not in ZOO_FAMILIES:
+        raise ValueError(f"no family is known for {model!r}; known: {', '.join(ZOO_FAMILIES)}, gen:FAMILY:SEED")
+    return ZOO_FAMILIES[model]
+
+
+def split_of(model: str) -> str | None:
+    """The split a model belongs to by its family (None: it has none)."""
+    family = family_of(model)
+    return None if family is None else FAMILIES[family].split
+
+
 def family_names(split: str | None = None) -> tuple[str, ...]:
     """The families of ``split`` (all of them for None), in a fixed order."""
     if split is not None and split not in SPLITS:
@@ -311,5 +339,5 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
     raise AssertionError(f"family {f!r} has no builder")
 
 
-__all__ = ["FAMILIES", "SPLITS", "Family", "NetworkSpec", "build_parts", "corpus", "family_names", "parse_name",
-           "sample"]
+__all__ = ["FAMILIES", "SPLITS", "ZOO_FAMILIES", "Family", "NetworkSpec", "build_parts", "corpus", "family_names",
+           "family_of", "parse_name", "sample", "split_of"]
