@@ -351,6 +351,7 @@ def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
         "+ prioritized replay": dict(prioritized=True),
         "readout sum (Eq. 2)": dict(readout="sum"),
         "events graph (sec. 4.2)": dict(graph="events"),
+        "+ demonstrations (DQfD)": dict(demonstrations="best-baseline", demo_pretrain_steps=1000),
     }
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only or k == "all (default)"}

@@ -87,10 +87,37 @@ def evaluate(net: QNetwork, batcher: GraphBatcher, envs: Sequence[SwapRecomputeE
             "per_env": per_env}
 
 
+def margin_loss(q: torch.Tensor, valid: torch.Tensor, batch: torch.Tensor, offsets: torch.Tensor,
+                actions: torch.Tensor, rows: torch.Tensor, margin: float) -> torch.Tensor:
+    """DQfD's large-margin loss (Hester et al. 2018, Eq. 2) over the graphs ``rows`` of a batch:
+    mean of ``max_a [Q(s, a) + margin * (a != a_E)] - Q(s, a_E)``, the max over valid actions."""
+    n = len(offsets)
+    expert = torch.zeros_like(q, dtype=torch.bool)
+    expert[offsets + actions] = True
+    augmented = torch.where(valid, q + margin * (~expert).float(), torch.full_like(q, -torch.inf))
+    best = scatter(augmented, batch, dim=0, dim_size=n, reduce="max")
+    return (best[rows] - q[offsets[rows] + actions[rows]]).mean()
+
+
 def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: ReplayBuffer,
-              optimizer: torch.optim.Optimizer, config: DQNConfig, beta: float) -> tuple[float, float]:
-    """One gradient step on Eq. 4 over a replay mini-batch; returns (TD loss, mean Q)."""
-    batch, idx, weights = rb.sample(config.batch_size, beta)
+              optimizer: torch.optim.Optimizer, config: DQNConfig, beta: float,
+              demo_rb: ReplayBuffer | None = None) -> tuple[float, float, float]:
+    """One gradient step on Eq. 4 over a replay mini-batch; returns (TD loss, mean Q, margin loss).
+
+    With ``demo_rb`` (demonstrations), ``demo_fraction`` of the batch comes from it (all of it
+    while ``rb`` is empty: pre-training), and :func:`margin_loss` on those samples, times
+    ``demo_weight``, joins the TD loss.
+    """
+    n_demo = 0
+    if demo_rb is not None and len(demo_rb):
+        n_demo = config.batch_size if not len(rb) else int(round(config.demo_fraction * config.batch_size))
+    n_main = config.batch_size - n_demo
+    batch, idx, weights = rb.sample(n_main, beta) if n_main else ([], np.zeros(0, dtype=np.int64),
+                                                                    np.zeros(0, dtype=np.float32))
+    if n_demo:
+        demo_batch, _, _ = demo_rb.sample(n_demo)
+        batch = batch + demo_batch
+        weights = np.concatenate([weights, np.ones(n_demo, dtype=np.float32)])
     items = [(t.key, t.state) for t in batch]
     next_items = [(t.next_key, t.next_state) for t in batch]
     actions = torch.tensor([t.action for t in batch], dtype=torch.long)
@@ -111,17 +138,23 @@ def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: 
             v_next = scatter(qm, b_next, dim=0, dim_size=n, reduce="max")
         v_next = torch.where(torch.isfinite(v_next), v_next, torch.zeros_like(v_next))
         y = rewards + discount * not_done * v_next
-    q, _, off = q_values(q_net, batcher, items)
+    q, node_batch, off = q_values(q_net, batcher, items)
     q_sa = q[off + actions]
     td = y - q_sa
     w = torch.from_numpy(weights)
     loss = (w * (td.pow(2) if config.loss == "mse" else F.smooth_l1_loss(q_sa, y, reduction="none"))).mean()
+    margin = torch.zeros(())
+    if n_demo:
+        rows = torch.arange(n_main, n_main + n_demo)
+        margin = margin_loss(q, batcher.valid_mask(items), node_batch, off, actions, rows, config.demo_margin)
+        loss = loss + config.demo_weight * margin
     optimizer.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(q_net.parameters(), config.max_grad_norm)
     optimizer.step()
-    rb.update_priorities(idx, td.detach().numpy())
-    return float(loss.item()), float(q_sa.mean().item())
+    if n_main:
+        rb.update_priorities(idx, td[:n_main].detach().numpy())
+    return float(loss.item()), float(q_sa.mean().item()), float(margin.item())
 
 
 def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],
@@ -238,6 +271,34 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                             "trace_fingerprints": fingerprints})
         bar.set_postfix(score=f"{ev['score']:.4f}", best=f"{best['score']:.4f}")
 
+    # ---- demonstrations (DQfD): the best baseline's replayed plan of every cell, kept for the whole run
+    demo_rb, demo_info = None, []
+    if config.demonstrations == "best-baseline":
+        from .demonstrations import demonstrations
+
+        episodes, demo_info = demonstrations(envs)
+        demo_transitions = []
+        for steps, k in zip(episodes, keys):
+            acc = NStepAccumulator(config.n_step, config.gamma)
+            for st in steps:
+                demo_transitions += acc.push(k, st.state, st.action, st.reward * config.reward_scale, k,
+                                             st.next_state, st.terminated, st.truncated or st is steps[-1])
+        demo_rb = ReplayBuffer(max(1, len(demo_transitions)), rng)
+        for tr in demo_transitions:
+            demo_rb.add(tr)
+        if writer is not None:
+            writer.add_text("demonstrations", "|cell|planner|replayed overhead|steps|\n|-|-|-|-|\n" + "\n".join(
+                f"|{d['env']}|{d['planner']}|{d.get('replayed_overhead')}|{d['steps']}|" for d in demo_info))
+        if start_step == 0 and len(demo_rb):
+            for pre in range(config.demo_pretrain_steps):  # DQfD's pre-training: demonstrations alone
+                loss, qmean, margin = td_update(q_net, target_net, batcher, rb, optimizer, config, 1.0, demo_rb)
+                if config.target_network and (pre + 1) % config.target_update == 0:
+                    target_net.load_state_dict(q_net.state_dict())
+                if pre % 100 == 0:
+                    log("losses/pretrain_td_loss", loss, pre)
+                    log("losses/pretrain_margin_loss", margin, pre)
+            target_net.load_state_dict(q_net.state_dict())
+
     # ---- the loop (Algorithm 1)
     order = rng.permutation(len(envs))
     episode = 0
@@ -284,9 +345,11 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
 
         if global_step >= config.learning_starts and global_step % config.train_frequency == 0 and len(rb):
             beta = config.per_beta + (1.0 - config.per_beta) * global_step / config.total_timesteps
-            loss, qmean = td_update(q_net, target_net, batcher, rb, optimizer, config, beta)
+            loss, qmean, margin = td_update(q_net, target_net, batcher, rb, optimizer, config, beta, demo_rb)
             if global_step % 100 == 0:
                 log("losses/td_loss", loss, global_step)
+                if demo_rb is not None:
+                    log("losses/margin_loss", margin, global_step)
                 log("losses/q_values", qmean, global_step)
                 log("charts/epsilon", epsilon, global_step)
                 now = time.perf_counter()
@@ -307,7 +370,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     training = {"steps": config.total_timesteps, "wall_time_s": round(wall, 1), "best": best,
                 "environments": [e.name for e in envs],
                 "memory_limits": [int(e.memory_limit) for e in envs], "command": command or "",
-                "init_from": str(init_from) if init_from else None,
+                "init_from": str(init_from) if init_from else None, "demonstrations": demo_info,
                 "evaluations": [{k: v for k, v in e.items() if k != "per_env"} for e in evaluations]}
     save_agent(out_path, q_net, config, trace_fingerprints=fingerprints, training=training, overwrite=True
                if (overwrite or resume) else False)

@@ -33,6 +33,13 @@ class DQNConfig:
     valid actions of the next state).  ``gamma`` 1: the returns of an episode
     add up to minus the plan's overhead, which is what we minimise.
     ``reward_scale`` multiplies rewards inside the learner only.
+
+    Demonstrations (Hester et al. 2018, DQfD; :mod:`dqn_swap.agents.dqn.demonstrations`):
+    ``demonstrations`` ``"best-baseline"`` replays the best baseline's plan of every
+    training cell into a replay memory kept for the whole run; ``demo_pretrain_steps``
+    updates on it alone come first, then ``demo_fraction`` of every mini-batch is drawn
+    from it, with the large-margin loss (margin ``demo_margin``, weight ``demo_weight``)
+    on those samples.  ``"none"``: the paper's learner.
     """
 
     # network
@@ -75,6 +82,12 @@ class DQNConfig:
     # evaluation / bookkeeping
     eval_every: int = 2_000
     seed: int = 0
+    # demonstrations
+    demonstrations: str = "none"
+    demo_fraction: float = 0.25
+    demo_margin: float = 0.8
+    demo_weight: float = 1.0
+    demo_pretrain_steps: int = 0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -114,6 +127,8 @@ _RULES: dict[str, Any] = {
     "exploration_fraction": (float, 1e-12, 1), "target_network": bool, "target_update": (int, 1, 10**9),
     "n_step": (int, 1, 1000), "double_q": bool, "prioritized": bool, "per_alpha": (float, 0, 1),
     "per_beta": (float, 0, 1), "mask_target": bool, "eval_every": (int, 1, 10**9), "seed": (int, 0, 2**63 - 1),
+    "demonstrations": ("none", "best-baseline"), "demo_fraction": (float, 0, 1), "demo_margin": (float, 0, None),
+    "demo_weight": (float, 0, None), "demo_pretrain_steps": (int, 0, 10**9),
 }
 
 

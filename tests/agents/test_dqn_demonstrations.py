@@ -1,0 +1,78 @@
+"""Demonstrations (DQfD): replaying a baseline's plan in the environment, the large-margin loss
+against a dense reference, and a training run that learns from them."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dqn_swap.agents.baselines import get_planner
+from dqn_swap.agents.dqn import DQNConfig, load_agent, train
+from dqn_swap.agents.dqn.algorithm import margin_loss
+from dqn_swap.agents.dqn.demonstrations import action_nodes, best_demonstration, demonstration_episode
+from dqn_swap.agents.dqn.planner import make_env
+from dqn_swap.simulator import simulate
+
+LIMIT = "30%"
+
+
+def test_a_replayed_plan_takes_only_its_own_actions_and_fits(tiny_resnet_trace):
+    env = make_env(tiny_resnet_trace, LIMIT, None, DQNConfig())
+    plan = get_planner("window").plan(tiny_resnet_trace, env.memory_limit)
+    assert plan.figures["feasible"]
+    steps = demonstration_episode(env, plan)
+    nodes = set(action_nodes(env, plan.actions).tolist())
+    assert steps and {s.action for s in steps} <= nodes
+    assert all(s.state.valid[s.action] for s in steps)  # every demonstrated action was offered there
+    assert steps[-1].terminated and env.result.feasible
+    # The replay's actions are a subset of the plan's and the simulator agrees with the environment.
+    replayed = simulate(tiny_resnet_trace, env.actions, env.memory_limit, env.profile)
+    assert replayed.feasible and abs(replayed.overhead - env.result.overhead) < 1e-12
+    assert replayed.overhead <= plan.figures["overhead"] + 1e-12
+
+
+def test_the_best_demonstration_is_the_best_replay(tiny_resnet_trace):
+    env = make_env(tiny_resnet_trace, LIMIT, None, DQNConfig())
+    steps, info = best_demonstration(env, ("window", "checkpoint", "lru"))
+    for name in ("window", "checkpoint", "lru"):
+        plan = get_planner(name).plan(tiny_resnet_trace, env.memory_limit)
+        if plan.figures["feasible"]:
+            demonstration_episode(env, plan)
+            assert not env.result.feasible or info["replayed_overhead"] <= env.result.overhead + 1e-12
+    assert info["replayed_feasible"] and info["steps"] == len(steps)
+
+
+def test_margin_loss_matches_a_dense_reference():
+    torch.manual_seed(0)
+    sizes = [4, 6, 3]
+    q = torch.randn(sum(sizes))
+    valid = torch.rand(sum(sizes)) > 0.3
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+    offsets = torch.tensor([0, 4, 10])
+    actions = torch.tensor([1, 2, 0])
+    for i, a in enumerate(actions.tolist()):
+        valid[offsets[i] + a] = True  # the expert's action is valid where it was taken
+    rows = torch.tensor([1, 2])
+    got = margin_loss(q, valid, batch, offsets, actions, rows, margin=0.8)
+    want = []
+    for i in rows.tolist():
+        qs, vs = q[offsets[i]:offsets[i] + sizes[i]], valid[offsets[i]:offsets[i] + sizes[i]]
+        aug = [float(qs[j]) + (0.0 if j == actions[i] else 0.8) for j in range(sizes[i]) if vs[j]]
+        want.append(max(aug) - float(qs[actions[i]]))
+    assert abs(float(got) - np.mean(want)) < 1e-6
+    assert float(got) >= 0  # the expert's own term bounds the max from below
+
+
+def test_training_with_demonstrations_records_them_and_learns(tiny_resnet_trace, tmp_path):
+    config = DQNConfig(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
+                       buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline",
+                       demo_pretrain_steps=200)
+    result = train(tiny_resnet_trace, LIMIT, tmp_path / "demo.pt", config, log_dir=None, progress=False)
+    _, cfg, ckpt = load_agent(tmp_path / "demo.pt")
+    assert cfg.demonstrations == "best-baseline"
+    (demo,) = ckpt["training"]["demonstrations"]
+    assert demo["planner"] and demo["replayed_feasible"] and demo["steps"] > 0
+    # Pre-trained on the demonstrations alone, the first greedy evaluation is already feasible
+    # and within the demonstration's overhead plus a margin.
+    first = result.evaluations[0]
+    assert first["feasible"] == 1.0 and first["overhead"] <= demo["replayed_overhead"] + 0.05
