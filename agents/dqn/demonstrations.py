@@ -34,8 +34,10 @@ from dqn_swap.env.candidates import NOTHING
 from dqn_swap.env.swap_recompute import DynamicState, SwapRecomputeEnv
 from dqn_swap.plan import Action, Plan
 
-#: The planners demonstrations are drawn from (the best of them per cell).
-DEMONSTRATORS = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
+from .. import BASELINE_NAMES
+
+#: The planners demonstrations are drawn from (the best of them per cell): every baseline that plans.
+DEMONSTRATORS = tuple(name for name in BASELINE_NAMES if name != "none")
 
 
 @dataclass(frozen=True)
