@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_dqn import DEFAULT_AGENT, LIMITS, pct, write_json  # noqa: E402
-
-BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
+from bench_optimal import BASELINES  # noqa: E402
 CORPUS = ROOT / "runs" / "corpus"
 
 

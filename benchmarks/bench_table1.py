@@ -74,8 +74,19 @@ def trace_at(batch: int, profile: str):  # noqa: ANN201
     return _TRACES[key]
 
 
+_CELLS: dict[tuple[str, str, int], dict[str, Any]] = {}
+
+
 def plan_cell(trace: Any, planner: str, limit: int, optimal_time: float = 60.0) -> dict[str, Any]:
-    """One planner on one trace at ``limit``: feasibility, makespan, images/s, and why not."""
+    """One planner on one trace at ``limit``: feasibility, makespan, images/s, and why not (planned
+    once per run: the bisections and the table ask for the same cells)."""
+    key = (trace.fingerprint, planner, int(limit))
+    if key not in _CELLS:
+        _CELLS[key] = _plan_cell(trace, planner, limit, optimal_time)
+    return _CELLS[key]
+
+
+def _plan_cell(trace: Any, planner: str, limit: int, optimal_time: float) -> dict[str, Any]:
     from dqn_swap.agents import get_planner
     from dqn_swap.cost import get_profile
     from dqn_swap.simulator import simulate

@@ -254,32 +254,22 @@ def test_meta_traces_model_cuda_kernels_by_default():
         _record("resnet_tiny", 2, "meta", kernels="gpu")
 
 
-class _TwoUses(torch.nn.Module):
-    """``y`` feeds two branches: autograd sums their gradients of ``y`` in backward."""
+class _Branches(torch.nn.Module):
+    """``y`` feeds ``n`` branches: autograd sums their gradients of ``y`` in backward, each sum
+    into the previous one (two branches: y, both gradients of y and their sum alive at once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int = 2) -> None:
         super().__init__()
         self.fc = torch.nn.Linear(64, 64)
+        self.branches = ((lambda y: y * 2), (lambda y: y * 3), torch.sigmoid, torch.tanh)[:n]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc(x).relu()
-        return (y * 2).sum() + (y * 3).sum()  # backward: y, both gradients of y and their sum at once
-
-
-class _FourUses(torch.nn.Module):
-    """Four branches: autograd sums four gradients of ``y``, each sum into the previous one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(64, 64)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc(x).relu()
-        return (y * 2).sum() + (y * 3).sum() + y.sigmoid().sum() + y.tanh().sum()
+        return sum(branch(y).sum() for branch in self.branches)
 
 
 def test_chained_accumulations_write_one_buffer():
-    t = record_trace(_FourUses(), torch.randn(32, 64), lambda out: out, device="meta")
+    t = record_trace(_Branches(4), torch.randn(32, 64), lambda out: out, device="meta")
     names = [t.op_names[i] for i in t.op_name]
     adds = [i for i, n in enumerate(names) if n == "aten.add" and t.op_phase[i] == Phase.BACKWARD]
     assert len(adds) == 3
@@ -296,7 +286,7 @@ def test_gradient_accumulation_is_recorded_in_place(device):
     """Outside a dispatch mode the engine sums gradients with ``old.add_(new)``: the trace's backward
     ``aten.add`` writes its first operand and allocates nothing."""
     torch.manual_seed(0)
-    t = record_trace(_TwoUses(), torch.randn(256, 64), lambda out: out, device=device)
+    t = record_trace(_Branches(2), torch.randn(256, 64), lambda out: out, device=device)
     names = [t.op_names[i] for i in t.op_name]
     adds = [i for i, n in enumerate(names) if n == "aten.add" and t.op_phase[i] == Phase.BACKWARD]
     assert len(adds) == 1
@@ -314,7 +304,7 @@ def test_in_place_accumulation_matches_the_allocator():
     from dqn_swap.meter import AllocatorTimeline
 
     torch.manual_seed(0)
-    model, x = _TwoUses(), torch.randn(4096, 64)
+    model, x = _Branches(2), torch.randn(4096, 64)
     trace = record_trace(model, x, lambda out: out, device="cpu")
     model.zero_grad(set_to_none=True)
     with AllocatorTimeline() as timeline:

@@ -44,7 +44,17 @@ def _conv_bn_relu(cin: int, cout: int, kernel: int = 3, stride: int = 1, groups:
     return layers
 
 
-class PlainCNN(nn.Module):
+class _PooledClassifier(nn.Module):
+    """``features`` (set by the subclass), global average pooling, then the linear ``fc``."""
+
+    features: nn.Module
+    fc: nn.Linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class PlainCNN(_PooledClassifier):
     """Stages of ``convs`` 3x3 convolutions (widths ``widths``), a 2x2 max pool after each, then a classifier."""
 
     def __init__(self, widths: tuple[int, ...], convs: int, batch_norm: bool, classes: int) -> None:
@@ -62,8 +72,6 @@ class PlainCNN(nn.Module):
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(cin, classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
 class _WideBlock(nn.Module):
@@ -82,7 +90,7 @@ class _WideBlock(nn.Module):
         return y + (self.shortcut(a) if self.shortcut is not None else x)
 
 
-class ResidualCNN(nn.Module):
+class ResidualCNN(_PooledClassifier):
     """ResNet stages (``blocks[i]`` blocks of width ``width * 2**i``) after a 3x3 stem.
 
     ``block``: ``"basic"``, ``"bottleneck"`` or ``"wide"`` (pre-activation basic blocks of
@@ -108,8 +116,6 @@ class ResidualCNN(nn.Module):
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(cin, classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
 class _InvertedResidual(nn.Module):
@@ -126,7 +132,7 @@ class _InvertedResidual(nn.Module):
         return x + self.body(x) if self.residual else self.body(x)
 
 
-class InvertedResidualCNN(nn.Module):
+class InvertedResidualCNN(_PooledClassifier):
     """MobileNetV2: a strided 3x3 stem, then per stage (width, blocks, stride) inverted residuals."""
 
     def __init__(self, stages: tuple[tuple[int, int, int], ...], expand: int, stem: int, classes: int) -> None:
@@ -141,8 +147,6 @@ class InvertedResidualCNN(nn.Module):
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(4 * cin, classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
 class VisionTransformer(nn.Module):

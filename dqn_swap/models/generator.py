@@ -148,9 +148,13 @@ def _inverted_residual_cnn(rng: np.random.Generator) -> Sizes:
             "image": _choice(rng, (64, 96, 128, 160, 224)), "classes": _choice(rng, (10, 100, 1000))}
 
 
+#: (image side, patch side) pairs of the patch-based families: 16 to 196 tokens.
+_PATCHINGS = ((32, 4), (64, 8), (96, 8), (128, 16), (224, 16), (224, 32))
+
+
 def _vision_transformer(rng: np.random.Generator) -> Sizes:
     d_model = 64 * _int(rng, 2, 6)
-    image, patch = _choice(rng, ((32, 4), (64, 8), (96, 8), (128, 16), (224, 16), (224, 32)))
+    image, patch = _choice(rng, _PATCHINGS)
     return {"image": image, "patch": patch, "layers": _int(rng, 2, 8), "d_model": d_model, "heads": d_model // 64,
             "classes": _choice(rng, (10, 100, 1000))}
 
@@ -167,7 +171,7 @@ def _wide_residual_cnn(rng: np.random.Generator) -> Sizes:
 
 def _mlp_mixer(rng: np.random.Generator) -> Sizes:
     channels = 64 * _int(rng, 2, 8)
-    image, patch = _choice(rng, ((32, 4), (64, 8), (96, 8), (128, 16), (224, 16), (224, 32)))
+    image, patch = _choice(rng, _PATCHINGS)
     return {"image": image, "patch": patch, "layers": _int(rng, 2, 8), "channels": channels,
             "token_hidden": 32 * _int(rng, 2, 8), "channel_hidden": channels * _int(rng, 2, 4),
             "classes": _choice(rng, (10, 100, 1000))}

@@ -167,23 +167,21 @@ def build_workload(name: str, batch_size: int, device: str | torch.device = "met
                          "gen:FAMILY:SEED for a generated network")
     check_batch_size(batch_size)
     device = torch.device(device)
-    if name.startswith("gen:"):
-        from .generator import build_parts, parse_name, sample
-
-        spec = sample(*parse_name(name))
-        data = _Sampler(device, seed)
-        torch.manual_seed(seed)
-        with device:
-            model, inputs, loss_fn, make_optimizer = build_parts(spec, batch_size, data)
-        return Workload(name, model.train(), inputs, loss_fn, make_optimizer)
     if name.startswith("hf:"):
         from .hf import hf_workload
 
         torch.manual_seed(seed)
         model, inputs, loss_fn, make_optimizer = hf_workload(name[3:], batch_size, device, seed)
         return Workload(name, model.train(), inputs, loss_fn, make_optimizer)
+    if name.startswith("gen:"):
+        from .generator import build_parts, parse_name, sample
+
+        spec = sample(*parse_name(name))
+        builder: _Builder = lambda batch, data, seed: build_parts(spec, batch, data)  # noqa: E731
+    else:
+        builder = _BUILDERS[name]
     data = _Sampler(device, seed)
     torch.manual_seed(seed)
     with device:
-        model, inputs, loss_fn, make_optimizer = _BUILDERS[name](batch_size, data, seed)
+        model, inputs, loss_fn, make_optimizer = builder(batch_size, data, seed)
     return Workload(name, model.train(), inputs, loss_fn, make_optimizer)
