@@ -14,6 +14,12 @@ Example::
 
     python benchmarks/bench_generalization.py --split test --per-family 1 \\
         --json benchmarks/results/generalization_test.json --md benchmarks/results/generalization_test.md
+
+``--agents LABEL=PATH ...`` compares several agents on the same cells (an ablation: planners
+``dqn[LABEL]`` and, with ``--search``, ``dqn-search[LABEL]``); the markdown is then one row per
+planner: cells at or below the best baseline, infeasible cells, and the geometric mean of the
+makespan over the best baseline's, ``(1 + overhead) / (1 + best overhead)`` over the cells
+where it is feasible.
 """
 
 from __future__ import annotations
@@ -71,9 +77,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     specs = corpus(args.split, args.per_family, args.first_seed)
     paths = record_corpus(specs, CORPUS / args.split)
-    agents = ["dqn", *(["dqn-search"] if args.search else [])]
     planners = {n: get_planner(n) for n in BASELINES}
-    planners |= {n: get_planner(n, agent=args.agent) for n in agents}
+    if args.agents:
+        sources = dict(item.split("=", 1) for item in args.agents)
+        agents = [f"{kind}[{label}]" for label in sources for kind in ("dqn", *(["dqn-search"] if args.search else []))]
+        planners |= {a: get_planner(a.split("[")[0], agent=sources[a[a.index("[") + 1:-1]],
+                                    **({"k": args.search_k} if a.startswith("dqn-search") else {})) for a in agents}
+    else:
+        agents = ["dqn", *(["dqn-search"] if args.search else [])]
+        planners |= {n: get_planner(n, agent=args.agent, **({"k": args.search_k} if n == "dqn-search" else {}))
+                     for n in agents}
     cells = []
     for spec, path in zip(specs, paths):
         trace = Trace.load(path)
@@ -85,19 +98,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for agent in agents:
                 cell[f"{agent}_best_baseline"], cell[f"{agent}_wins"] = judge(cell, agent, args.tolerance)
             cells.append(cell)
-            best = cell["dqn_best_baseline"]
+            best = cell[f"{agents[0]}_best_baseline"]
             best_text = "-" if best is None else "{:.4f} ({})".format(cell[best]["overhead"], best)
             agent_text = "  ".join(
                 "{} {}{}".format(a, "{:.4f}".format(cell[a]["overhead"]) if cell[a]["feasible"] else "x",
                                  " WIN" if cell[a + "_wins"] else "") for a in agents)
             print(f"{spec.name:28s} {round(frac * 100):3d}%  best {best_text:24s} {agent_text}", flush=True)
-    summary = {a: {"wins": sum(c[f"{a}_wins"] for c in cells), "cells": len(cells)} for a in agents}
+    summary = {a: summarize(cells, a) for a in agents}
     return {"split": args.split, "per_family": args.per_family, "first_seed": args.first_seed,
-            "agent": str(args.agent), "tolerance": args.tolerance, "limits": args.limits, "cells": cells,
+            "agent": str(args.agent), "search_k": args.search_k, "agents": dict(item.split("=", 1) for item in args.agents or []), "tolerance": args.tolerance, "limits": args.limits, "cells": cells,
             "summary": summary}
 
 
+def summarize(cells: list[dict[str, Any]], agent: str) -> dict[str, Any]:
+    """Cells won, cells infeasible, and the geometric mean of the makespan over the best baseline's."""
+    import math
+
+    ratios = [(1 + c[agent]["overhead"]) / (1 + c[c[f"{agent}_best_baseline"]]["overhead"]) for c in cells
+              if c[agent]["feasible"] and c[f"{agent}_best_baseline"] is not None]
+    return {"wins": sum(c[f"{agent}_wins"] for c in cells), "cells": len(cells),
+            "infeasible": sum(not c[agent]["feasible"] for c in cells),
+            "geomean_vs_best": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None}
+
+
+def ablation_markdown(result: dict[str, Any]) -> str:
+    lines = ["| planner | agent | cells at or below the best baseline | infeasible | makespan / best baseline's "
+             "(geometric mean) |", "|---|---|---|---|---|"]
+    for a, s in result["summary"].items():
+        label = a[a.index("[") + 1:-1]
+        g = "-" if s["geomean_vs_best"] is None else f"{s['geomean_vs_best']:.4f}"
+        lines.append(f"| {a} | `{result['agents'][label]}` | {s['wins']} / {s['cells']} | {s['infeasible']} | {g} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
+    if result.get("agents"):
+        return ablation_markdown(result)
     agents = list(result["summary"])
     head = ["network", "batch, profile", "limit", *BASELINES, *agents]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -128,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--limits", type=float, nargs="+", default=list(LIMITS))
     p.add_argument("--agent", default=str(DEFAULT_AGENT), help="the DQN checkpoint (default: the shipped one)")
+    p.add_argument("--agents", nargs="+", metavar="LABEL=PATH",
+                   help="compare several agents on the same cells (an ablation) instead of --agent")
     p.add_argument("--search", action="store_true", help="also plan with dqn-search")
+    p.add_argument("--search-k", type=int, default=4, help="dqn-search's width: actions tried per decision point")
     p.add_argument("--tolerance", type=float, default=1e-3)
     p.add_argument("--json")
     p.add_argument("--md")

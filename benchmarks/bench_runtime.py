@@ -37,6 +37,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from dqn_swap.models import split_model_spec
+
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -85,7 +87,7 @@ def gpu(args: argparse.Namespace) -> int:
     limit = args.limit
     reports = []
     for item in args.models.split(","):
-        name, _, batch = item.partition(":")
+        name, batch = split_model_spec(item)
         print(f"[bench] {name} batch {batch}", file=sys.stderr, flush=True)
         reports.append(run_planned_training(
             name, int(batch or 32), limit, args.planner, args.steps, "cuda",
@@ -146,7 +148,7 @@ def overhead(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for item in args.models.split(","):
-        name, _, batch = item.partition(":")
+        name, batch = split_model_spec(item)
         trace = record(name, int(batch))
         limit = resolve_memory_limit(trace, args.limit)
         plans = {"empty plan": make_plan(trace, planner="empty")}
@@ -201,7 +203,7 @@ def memory(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for item in args.models.split(","):
-        name, _, batch = item.partition(":")
+        name, batch = split_model_spec(item)
         trace = record(name, int(batch))
         w = workload(name, int(batch))
         unplanned = measured_cpu_peak(w.model, w.example_inputs, w.loss_fn, w.make_optimizer(w.model.parameters()),

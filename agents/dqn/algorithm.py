@@ -157,6 +157,21 @@ def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: 
     return float(loss.item()), float(q_sa.mean().item()), float(margin.item())
 
 
+def _demo_buffer(episodes: Sequence[Sequence[Any]], keys: Sequence[int], config: DQNConfig,
+                 rng: np.random.Generator) -> ReplayBuffer:
+    """A replay memory holding every cell's demonstration as n-step transitions."""
+    transitions = []
+    for steps, k in zip(episodes, keys):
+        acc = NStepAccumulator(config.n_step, config.gamma)
+        for st in steps:
+            transitions += acc.push(k, st.state, st.action, st.reward * config.reward_scale, k,
+                                    st.next_state, st.terminated, st.truncated or st is steps[-1])
+    demo_rb = ReplayBuffer(max(1, len(transitions)), rng)
+    for tr in transitions:
+        demo_rb.add(tr)
+    return demo_rb
+
+
 def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],
           out_path: str | os.PathLike[str], config: DQNConfig | None = None, *,
           profile: str | DeviceProfile | None = None, log_dir: str | os.PathLike[str] | None = "runs",
@@ -276,16 +291,9 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     if config.demonstrations == "best-baseline":
         from .demonstrations import demonstrations
 
-        episodes, demo_info = demonstrations(envs)
-        demo_transitions = []
-        for steps, k in zip(episodes, keys):
-            acc = NStepAccumulator(config.n_step, config.gamma)
-            for st in steps:
-                demo_transitions += acc.push(k, st.state, st.action, st.reward * config.reward_scale, k,
-                                             st.next_state, st.terminated, st.truncated or st is steps[-1])
-        demo_rb = ReplayBuffer(max(1, len(demo_transitions)), rng)
-        for tr in demo_transitions:
-            demo_rb.add(tr)
+        demo_episodes, demo_info = demonstrations(envs)
+        demo_rank = [(not d.get("replayed_feasible", False), d.get("replayed_overhead", np.inf)) for d in demo_info]
+        demo_rb = _demo_buffer(demo_episodes, keys, config, rng)
         if writer is not None:
             writer.add_text("demonstrations", "|cell|planner|replayed overhead|steps|\n|-|-|-|-|\n" + "\n".join(
                 f"|{d['env']}|{d['planner']}|{d.get('replayed_overhead')}|{d['steps']}|" for d in demo_info))
@@ -298,6 +306,27 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                     log("losses/pretrain_td_loss", loss, pre)
                     log("losses/pretrain_margin_loss", margin, pre)
             target_net.load_state_dict(q_net.state_dict())
+
+    def improve_demonstrations(step: int) -> None:
+        """Search with the current Q on every cell; keep its episode where it beats the demonstration."""
+        nonlocal demo_rb
+        if demo_rb is None or config.demo_improve != "search":
+            return
+        from .planner import search_episode
+
+        improved = 0
+        for i, ev_env in enumerate(eval_envs):
+            steps = search_episode(q_net, batcher, ev_env, config.search_k, config.reward_scale)
+            res = ev_env.result
+            rank = (not res.feasible, float(res.overhead))
+            if steps and (rank[0] < demo_rank[i][0] or (rank[0] == demo_rank[i][0] and rank[1] < demo_rank[i][1] - 1e-9)):
+                demo_episodes[i], demo_rank[i], improved = steps, rank, improved + 1
+                demo_info[i] = {**demo_info[i], "planner": f"dqn-search@{step}", "steps": len(steps),
+                                "replayed_overhead": rank[1], "replayed_feasible": not rank[0]}
+        if improved:
+            demo_rb = _demo_buffer(demo_episodes, keys, config, rng)
+        log("demos/improved_cells", improved, step)
+        log("demos/mean_overhead", float(np.mean([r[1] for r in demo_rank])), step)
 
     # ---- the loop (Algorithm 1)
     order = rng.permutation(len(envs))
@@ -359,6 +388,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
             target_net.load_state_dict(q_net.state_dict())
         if (global_step + 1) % config.eval_every == 0:
             checkpoint_eval(global_step + 1)
+            improve_demonstrations(global_step + 1)
         bar.update(1)
     if not evaluations or evaluations[-1]["step"] != config.total_timesteps:
         checkpoint_eval(config.total_timesteps)

@@ -40,6 +40,12 @@ class DQNConfig:
     updates on it alone come first, then ``demo_fraction`` of every mini-batch is drawn
     from it, with the large-margin loss (margin ``demo_margin``, weight ``demo_weight``)
     on those samples.  ``"none"``: the paper's learner.
+
+    Search as the improvement operator (ours, in the spirit of expert iteration): with
+    ``demo_improve="search"`` every evaluation also plans each training cell with the
+    ``dqn-search`` lookahead (top ``search_k`` actions by Q, one step in the simulator) and
+    keeps that episode as the cell's demonstration where it beats the current one; the
+    greedy policy is then trained towards what search with its own Q finds.
     """
 
     # network
@@ -88,10 +94,14 @@ class DQNConfig:
     demo_margin: float = 0.8
     demo_weight: float = 1.0
     demo_pretrain_steps: int = 0
+    demo_improve: str = "none"
+    search_k: int = 4
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             _check(field.name, getattr(self, field.name))
+        if self.demo_improve != "none" and self.demonstrations == "none":
+            raise ValueError("DQN setting demo_improve needs demonstrations (set demonstrations=best-baseline)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +139,7 @@ _RULES: dict[str, Any] = {
     "per_beta": (float, 0, 1), "mask_target": bool, "eval_every": (int, 1, 10**9), "seed": (int, 0, 2**63 - 1),
     "demonstrations": ("none", "best-baseline"), "demo_fraction": (float, 0, 1), "demo_margin": (float, 0, None),
     "demo_weight": (float, 0, None), "demo_pretrain_steps": (int, 0, 10**9),
+    "demo_improve": ("none", "search"), "search_k": (int, 1, 1000),
 }
 
 

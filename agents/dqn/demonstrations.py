@@ -20,7 +20,9 @@ stops when the plan has no valid action left (what remains is the plan's, not th
 environment's, business); its transitions carry the environment's own rewards, so they
 fit the TD loss as any other.  Departures from DQfD: demonstrations enter each
 mini-batch as a fixed fraction (``demo_fraction``) instead of through prioritised
-replay's bonus, and no L2 term is added.
+replay's bonus, and no L2 term is added; and (``demo_improve="search"``, ours) a cell's
+demonstration is replaced during training by the ``dqn-search`` episode of the agent
+itself wherever that plans the cell better (:func:`dqn_swap.agents.dqn.planner.search_episode`).
 """
 
 from __future__ import annotations

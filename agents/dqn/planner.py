@@ -18,7 +18,10 @@
   small search on top: at every decision point it tries the ``k`` actions of
   highest Q in the simulator and keeps the one with the best one-step
   lookahead (simulated reward plus the best Q of the state it leads to); it
-  returns the better of that plan and the greedy one.
+  returns the better of that plan and the greedy one.  The same lookahead
+  (:func:`search_episode`) improves the demonstrations during training
+  (``DQNConfig.demo_improve="search"``), as search improves the policy in
+  expert iteration: the greedy agent learns what search with its own Q finds.
 
 Both load a checkpoint (default ``checkpoints/default.pt``) and build the
 same environment the agent was trained in; every figure comes from the
@@ -47,6 +50,7 @@ from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .checkpoint import load_agent
 from .config import DQNConfig
+from .demonstrations import DemoStep
 from .policy import GraphBatcher, QNetwork, q_values
 
 DEFAULT_AGENT = shipped_agent("default.pt")  # installed with the package (dqn_swap.checkpoints)
@@ -160,6 +164,42 @@ def episode_summary(env: SwapRecomputeEnv, ret: float, steps: int) -> dict[str, 
             "n_recompute": sum(a.kind == 1 for a in env.actions)}
 
 
+@torch.no_grad()
+def search_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, k: int,
+                   reward_scale: float) -> list[DemoStep]:
+    """One episode with a top-``k`` one-step lookahead: at every decision point each of the ``k``
+    valid actions of highest Q is tried in the simulator and scored by its reward (times
+    ``reward_scale``, as the learner sees rewards) plus the best Q of the state it leads to; the
+    best is taken.  Returns the episode's transitions (``dqn-search`` plans with it, and training
+    with ``demo_improve="search"`` keeps it as a demonstration where it beats the current one)."""
+    env.reset(seed=0)
+    state, steps, done = env.state(), [], False
+    while not done:
+        q = greedy_q(net, batcher, env)
+        order = [int(i) for i in np.argsort(-q, kind="stable")[:k] if np.isfinite(q[i])]
+        best, best_score = order[0], -np.inf
+        if len(order) > 1:
+            for a in order:
+                r, term, next_q = _peek(net, batcher, env, a)
+                score = r * reward_scale + (0.0 if term else next_q)
+                if score > best_score:
+                    best, best_score = a, score
+        _, r, term, trunc, _ = env.step(best)
+        next_state = env.state()
+        steps.append(DemoStep(state, best, float(r), next_state, bool(term), bool(trunc)))
+        state, done = next_state, term or trunc
+    return steps
+
+
+def _peek(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, a: int) -> tuple[float, bool, float]:
+    """Simulated reward of ``a``, whether it ends the episode, and the best Q after it; env unchanged."""
+    saved = env.snapshot()
+    _, r, term, trunc, _ = env.step(a)
+    next_q = 0.0 if (term or trunc) else float(np.max(greedy_q(net, batcher, env)))
+    env.restore(saved)
+    return r, term, next_q
+
+
 class DQNPlanner:
     """``plan(trace, memory_limit, profile) -> Plan`` by greedy decoding of a trained agent."""
 
@@ -215,37 +255,12 @@ class DQNSearchPlanner(DQNPlanner):
         super().__init__(agent_path, threads=threads, recompute_chains=recompute_chains)
         self.k = int(k)
 
-    @torch.no_grad()
-    def _search_episode(self, env: SwapRecomputeEnv, batcher: GraphBatcher) -> None:
-        env.reset(seed=0)
-        done = False
-        while not done:
-            q = greedy_q(self.net, batcher, env)
-            order = [int(i) for i in np.argsort(-q, kind="stable")[: self.k] if np.isfinite(q[i])]
-            best, best_score = order[0], -np.inf
-            if len(order) > 1:
-                for a in order:
-                    r, term, next_q = self._peek(env, a, batcher)
-                    score = r * self.config.reward_scale + (0.0 if term else next_q)
-                    if score > best_score:
-                        best, best_score = a, score
-            _, _, term, trunc, _ = env.step(best)
-            done = term or trunc
-
-    def _peek(self, env: SwapRecomputeEnv, a: int, batcher: GraphBatcher) -> tuple[float, bool, float]:
-        """Simulated reward of ``a``, whether it ends the episode, and the best Q after it; env unchanged."""
-        saved = env.snapshot()
-        _, r, term, trunc, _ = env.step(a)
-        next_q = 0.0 if (term or trunc) else float(np.max(greedy_q(self.net, batcher, env)))
-        env.restore(saved)
-        return r, term, next_q
-
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
         t0 = time.perf_counter()
         batcher = GraphBatcher()
         env = self._env(trace, memory_limit, profile)
         with torch_threads(self.threads):
-            self._search_episode(env, batcher)
+            search_episode(self.net, batcher, env, self.k, self.config.reward_scale)
             search_plan = env.plan(self.name, self._settings(k=self.k, decoded="search"))
             search_cost = (env.result.overhead if env.feasible else np.inf)
             greedy = greedy_episode(self.net, batcher, env)

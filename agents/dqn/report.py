@@ -11,13 +11,19 @@ from dqn_swap.trace import Trace
 
 
 def load_trace_spec(spec: str, profile: str = "v100-pcie3") -> Trace:
-    """``path.trace`` (a recorded trace) or ``model:batch`` (recorded now on the meta device)."""
+    """``path.trace`` (a recorded trace) or ``model:batch`` (recorded now on the meta device; a
+    generated ``gen:FAMILY:SEED[:BATCH]`` takes its own profile, and its own batch unless given)."""
     if spec.endswith(".trace") or os.path.exists(spec):
         return Trace.load(spec)
     from dqn_swap import record_trace
-    from dqn_swap.models import build_workload
+    from dqn_swap.models import build_workload, split_model_spec
 
-    name, _, batch = spec.partition(":")
+    name, batch = split_model_spec(spec)
+    if name.startswith("gen:"):  # its own profile and seed; its own batch unless one is given
+        from dqn_swap.models.corpus import record_spec
+        from dqn_swap.models.generator import parse_name, sample
+
+        return record_spec(sample(*parse_name(name)), batch_size=batch)
     w = build_workload(name, int(batch or 1), "meta")
     return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta", profile=profile,
                         meta={"model": name, "batch_size": int(batch or 1)})

@@ -10,8 +10,10 @@ from typing import Any
 from .common import human, print_json, print_table
 from .simulate_cmd import LIMIT_HELP
 
-TRACE_HELP = ("a trace file written by 'dqn-swap record', or MODEL:BATCH (a zoo network, recorded now "
-              "on the meta device, for example resnet_tiny:8)")
+TRACE_HELP = ("a trace file written by 'dqn-swap record', or MODEL:BATCH recorded now on the meta device: "
+              "a zoo network (resnet_tiny:8), a Hugging Face model (hf:gpt2:8, hf:PATH/config.json:8), or a "
+              "generated network gen:FAMILY:SEED (at its own batch size and profile; gen:FAMILY:SEED:BATCH "
+              "for another batch)")
 LIMITS_HELP = "comma-separated memory limits, each paired with every trace (default 90%%,70%%,50%%,30%%). "
 
 
@@ -100,9 +102,9 @@ def load_traces(specs: list[str], profile: str | None) -> dict[str, Any]:
             raise FileNotFoundError(f"{spec}: no such trace file (a zoo network is written MODEL:BATCH, "
                                     "for example resnet_tiny:8)")
         if ":" in spec and not Path(spec).exists():
-            batch = spec.partition(":")[2]
-            if batch and not (batch.isdigit() and int(batch) >= 1):
-                raise ValueError(f"{spec}: the batch size after ':' must be a positive integer")
+            from dqn_swap.models import split_model_spec
+
+            split_model_spec(spec)  # a bad batch is a one-line error before any recording
         traces[spec] = load_trace_spec(spec, profile or DEFAULT_PROFILE)
     return traces
 

@@ -7,7 +7,7 @@ networks when first used.
 
 from typing import Any
 
-from .names import HF_NAMES, MODEL_NAMES
+from .names import HF_NAMES, MODEL_NAMES, split_model_spec
 
 
 def build_workload(*args: Any, **kwargs: Any) -> Any:
@@ -25,4 +25,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dqn_swap.models' has no attribute {name!r}")
 
 
-__all__ = ["HF_NAMES", "MODEL_NAMES", "Workload", "build_workload"]
+__all__ = ["HF_NAMES", "MODEL_NAMES", "Workload", "build_workload", "split_model_spec"]

@@ -22,3 +22,23 @@ def check_batch_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
         raise ValueError(f"batch size must be a whole number from 1 to {MAX_BATCH}, not {value!r}")
     return value
+
+
+def split_model_spec(spec: str) -> tuple[str, int | None]:
+    """``MODEL[:BATCH]`` as (model name, batch or None), for every kind of name: ``resnet18:32``,
+    ``hf:gpt2:8`` or ``hf:PATH:8``, ``gen:FAMILY:SEED`` (its own batch) or ``gen:FAMILY:SEED:BATCH``.
+    A batch that is not a batch size raises ``ValueError`` naming the form."""
+    if spec.startswith("gen:"):
+        parts = spec.split(":")
+        name, batch = (":".join(parts[:3]), parts[3]) if len(parts) == 4 else (spec, "")
+    elif spec.startswith("hf:"):
+        head, _, tail = spec[3:].rpartition(":")
+        name, batch = (f"hf:{head}", tail) if head and tail.isdigit() else (spec, "")
+    else:
+        name, _, batch = spec.partition(":")
+    if not batch:
+        return name, None
+    try:
+        return name, check_batch_size(batch)
+    except ValueError:
+        raise ValueError(f"{spec}: the batch size after ':' must be a whole number from 1 to {MAX_BATCH}") from None
