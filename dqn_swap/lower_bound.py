@@ -73,7 +73,7 @@ import math
 import numpy as np
 
 from .cost import DeviceProfile
-from .trace import MOVABLE_ROLES, EventKind, Phase, Trace
+from .trace import EventKind, Phase, Trace
 
 
 def recompute_candidates(trace: Trace, op: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +86,7 @@ def recompute_candidates(trace: Trace, op: int) -> tuple[np.ndarray, np.ndarray]
     used_later = np.zeros(trace.n_tensors, dtype=bool)
     used_later[trace.event_tensor[use & (trace.event_op > op)]] = True
     alive = (alloc < op) & ((free == -1) | (free >= op))
-    role_ok = np.isin(trace.tensor_role, MOVABLE_ROLES)
+    role_ok = trace.movable
     swap = alive & role_ok & used_later
     # Recompute needs (simulator's validity) a forward producer without side effects and a
     # tensor never written after it was made; the producer's inputs are not checked (superset).

@@ -158,13 +158,12 @@ import numpy as np
 from .cost import DeviceProfile, profile_of
 from .lower_bound import lower_bound
 from .plan import Action, ActionKind, Plan, RecomputeStep, Schedule
-from .trace import MOVABLE_ROLES, EventKind, Phase, Role, Trace, format_bytes
+from .trace import EventKind, Phase, Role, Trace, format_bytes
 
 STALL_CAUSES = ("swap_out", "prefetch", "recompute")
 PHASES = tuple(p.name.lower() for p in Phase)
-# Only MOVABLE_ROLES (saved activations) are acted on; temporaries can still be re-created on
-# the way to a recomputed tensor (the runtime replays the ops that made them).
-_ACTIONABLE_ROLES = MOVABLE_ROLES
+# Only Trace.movable tensors (saved activations, saved inputs) are acted on; temporaries can
+# still be re-created on the way to a recomputed tensor (the runtime replays the ops that made them).
 _RECOMPUTABLE_INPUT_ROLES = (Role.SAVED, Role.TEMPORARY)
 
 
@@ -507,8 +506,8 @@ class Simulator:
         if ek not in (EventKind.READ, EventKind.WRITE):
             return f"{where}: event {e} is a {ek.name.lower()}, not a read or write"
         role = Role(trace.tensor_role[t])
-        if role not in _ACTIONABLE_ROLES:
-            return f"{where}: it is a {role.name.lower()} (only activations saved for backward move)"
+        if not trace.movable[t]:
+            return f"{where}: it is a {role.name.lower()} (only tensors autograd saves for backward move)"
         if self._ev_next[e] < 0:
             return f"{where}: it is not used again"
         action_op = int(trace.action_window[0][t])

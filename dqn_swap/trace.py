@@ -92,6 +92,8 @@ class Role(enum.IntEnum):
 
 #: Roles a plan may move (swap or remove): what autograd saves for backward.  The runtime
 #: acts through the saved-tensor hooks, so a plan naming anything else could not be followed.
+#: An input that autograd saves (the batch a first convolution reads) may be swapped too
+#: (:attr:`Trace.movable`): the runtime borrows its storage for the iteration.
 MOVABLE_ROLES = (Role.SAVED,)
 
 
@@ -241,10 +243,10 @@ class Trace:
     def persistent_bytes(self) -> int:
         """Bytes no plan can move: parameters, gradients and optimizer state.
 
-        Inputs count too: the first op reads them.  Gradients are written in
-        backward and live through the optimizer step.
+        Inputs count too, except those a plan may swap (:attr:`movable`).  Gradients
+        are written in backward and live through the optimizer step.
         """
-        keep = np.isin(self.tensor_role, [Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT])
+        keep = np.isin(self.tensor_role, [Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT]) & ~self.movable
         return int(self.tensor_nbytes[keep].sum())
 
     @cached_property
@@ -257,10 +259,51 @@ class Trace:
         return ws
 
     @cached_property
+    def movable(self) -> np.ndarray:
+        """Per tensor, whether a plan may act on it: a saved activation (:data:`MOVABLE_ROLES`), or
+        an input that autograd saves for backward.
+
+        The input batch is held by the training loop, not by autograd, so freeing autograd's
+        reference frees nothing; the runtime instead copies the input out and empties its
+        storage until the copy back (:mod:`dqn_swap.runtime.swap`, "borrowed storages"), and the
+        caller's tensor holds the same bytes again after backward.  Only swapping applies to it:
+        nothing recomputes what existed before the iteration.  (The window paper keeps inputs
+        resident; at ResNet-50 batch 1440 the 0.81 GiB input is what stands between the trace's
+        minimum and 16 GiB.)
+        """
+        movable = np.isin(self.tensor_role, MOVABLE_ROLES)
+        first_pack = self.tensor_saved_index
+        inputs = np.flatnonzero((self.tensor_role == Role.INPUT) & (first_pack >= 0))
+        if not len(inputs) or not len(self.saved) or self.saved_op[0] < 0:
+            return movable  # a version-1 trace: no pack positions
+        # Pack k happens while op saved_op[k] runs: before its kernel for the op's inputs, after it
+        # for its outputs.  The runtime empties an input's storage at the first point after the op
+        # that packed it where it knows that op is over: a module's forward beginning or ending, or
+        # the next pack.  An input qualifies when that op is its last forward use and such a point
+        # comes before the next op's kernel (a module begins there, or the next op packs one of its
+        # inputs), so it leaves right after its last forward use, as a plan assumes.
+        before_kernel = np.zeros(self.n_ops + 1, dtype=bool)
+        before_kernel[self.module_call_op[(self.module_call_op >= 0) & (self.module_call_op <= self.n_ops)]] = True
+        packed_input = self.tensor_alloc_op[self.saved] != self.saved_op
+        before_kernel[self.saved_op[packed_input & (self.saved_op >= 0)]] = True
+        p = self.saved_op[first_pack[inputs]]
+        ok = (p >= 0) & (self._last_forward_use[inputs] == p) & before_kernel[np.minimum(p + 1, self.n_ops)]
+        movable[inputs[ok]] = True
+        return movable
+
+    @cached_property
+    def _last_forward_use(self) -> np.ndarray:
+        """Per tensor, the last forward op that reads or writes it (-1: none)."""
+        last = np.full(self.n_tensors, -1, dtype=np.int64)
+        fwd = (self.event_kind != EventKind.FREE) & (self.op_phase[self.event_op] == Phase.FORWARD)
+        np.maximum.at(last, self.event_tensor[fwd], self.event_op[fwd].astype(np.int64))
+        return last
+
+    @cached_property
     def action_window(self) -> tuple[np.ndarray, np.ndarray]:
         """Where a plan may keep each tensor off the device: ``(action_op, return_op)`` per tensor.
 
-        A plan acts on a saved activation (:data:`MOVABLE_ROLES`) right after
+        A plan acts on a saved activation (:attr:`movable`) right after
         its last forward use ``action_op`` -- the runtime moves tensors through
         autograd's saved-tensor hooks, and forward code holds a tensor until its
         last forward use -- and must have it back for ``return_op``, its first use
@@ -271,8 +314,7 @@ class Trace:
         action = np.full(n_t, -1, dtype=np.int64)
         ret = np.full(n_t, -1, dtype=np.int64)
         use = self.event_kind != EventKind.FREE
-        fwd = use & (self.op_phase[self.event_op] == Phase.FORWARD)
-        np.maximum.at(action, self.event_tensor[fwd], self.event_op[fwd].astype(np.int64))
+        action[:] = self._last_forward_use
         # First use after the last forward use: uses sorted by (tensor, op), the next one per tensor.
         t, op = self.event_tensor[use].astype(np.int64), self.event_op[use].astype(np.int64)
         order = np.lexsort((op, t))
@@ -280,7 +322,7 @@ class Trace:
         after = op > action[t]
         first = np.flatnonzero(after & np.concatenate([[True], ~(after[:-1] & (t[1:] == t[:-1]))]))
         ret[t[first]] = op[first]
-        movable = np.isin(self.tensor_role, MOVABLE_ROLES) & (action >= 0) & (ret >= 0)
+        movable = self.movable & (action >= 0) & (ret >= 0)
         return np.where(movable, action, -1), np.where(movable, ret, -1)
 
     @cached_property

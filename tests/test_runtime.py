@@ -49,6 +49,8 @@ def test_hand_plans_reproduce_unplanned_training(name: str, kind: str) -> None:
     assert stats.packed == stats.expected_packs or stats.packed == stats.hooks_off_after + 1
     if kind in ("swap", "mixed"):
         assert stats.swapped == plan.n_swap and stats.held_bytes == 0  # everything handed back
+        swapped = {a.tensor for a in plan.actions if a.kind == ActionKind.SWAP}
+        assert stats.borrowed_inputs == sum(trace_of(name).tensor_alloc_op[t] < 0 for t in swapped)
     if kind in ("recompute", "mixed"):
         assert stats.recompute_removed == plan.n_recompute and stats.recomputed == plan.n_recompute
 
@@ -197,7 +199,15 @@ def test_removed_activations_are_released_after_forward(kind: str) -> None:
         refs = it.stats.source_refs
         assert len(refs) == len(acts)
         alive = [r for r in refs if not r.expired()]
-        assert not alive, f"{len(alive)} of {len(refs)} removed activations are still allocated after forward"
+        # Swapped inputs (the batch, the labels) stay referenced by the caller: their storages are
+        # emptied instead, once the op that saved them has run -- at the next pack, so an input the
+        # last forward op saves (the labels of the loss) is emptied when backward begins.
+        inputs = [t for t in acts if trace.tensor_alloc_op[t] < 0]
+        assert len(alive) == len(inputs), f"{len(alive)} of {len(refs)} removed activations are still allocated"
+        left = sum(torch.UntypedStorage._new_with_weak_ptr(r.cdata).nbytes() for r in alive)
+        last_op = trace.saved_op[-1]
+        assert left == sum(int(trace.tensor_nbytes[t]) for t in inputs
+                           if trace.saved_op[trace.tensor_saved_index[t]] == last_op)
         assert rt.swapper.held_bytes == 0
         loss.backward()
     removed = rt.stats.swapped_bytes if kind == "swap" else rt.stats.recompute_removed_bytes
@@ -308,3 +318,65 @@ def test_simulated_plans_of_the_suite_are_feasible_where_the_runtime_is_tested()
         for kind in ("swap", "recompute", "mixed"):
             plan = hand_plan(name, kind)
             assert simulate(trace_of(name), plan).feasible
+
+
+# --------------------------------------------------------------------------- swapped inputs
+def input_plan(name: str) -> tuple[Plan, int]:
+    """A plan that swaps only the input batch (the largest input autograd saves)."""
+    trace = trace_of(name)
+    inputs = [t for t in saved_activations(trace) if trace.tensor_alloc_op[t] < 0]
+    assert inputs, f"{name}: no input a plan may swap"
+    batch = max(inputs, key=lambda t: int(trace.tensor_nbytes[t]))
+    return make_plan(trace, swap=[batch], planner="swap-input"), batch
+
+
+def test_a_swapped_input_is_emptied_after_its_op_and_whole_again_after_backward() -> None:
+    name = "resnet_tiny"
+    plan, batch = input_plan(name)
+    trace = trace_of(name)
+    w = MODELS[name]()
+    x = w.inputs[0]
+    before = x.clone()
+    rt = PlannedExecution(w.model, plan, trace, prefetch=False)
+    with rt:
+        out = w.model(x)
+        # the stem's convolution saved it and ran: the caller's tensor has no bytes until backward
+        assert x.untyped_storage().nbytes() == 0
+        loss = w.loss_fn(out)
+        loss.backward()
+    assert x.untyped_storage().nbytes() == int(trace.tensor_nbytes[batch])
+    assert torch.equal(x, before)
+    assert rt.stats.borrowed_inputs == 1 and rt.stats.on_demand_fetches == 1
+
+
+def test_a_swapped_input_comes_back_when_the_graph_goes_without_backward() -> None:
+    name = "resnet_tiny"
+    plan, _ = input_plan(name)
+    w = MODELS[name]()
+    x = w.inputs[0]
+    before = x.clone()
+    rt = PlannedExecution(w.model, plan, trace_of(name), prefetch=False)
+    with rt:
+        loss = w.loss_fn(w.model(x))
+    assert x.untyped_storage().nbytes() == 0  # the graph still holds its handle
+    del loss  # no backward: autograd frees the graph, the runtime copies the batch back
+    assert torch.equal(x, before)
+
+
+def test_plans_swapping_inputs_reproduce_training_with_the_batch_reused() -> None:
+    name = "gpt_tiny"  # token ids (int64) saved by the embedding; the same batch every step
+    plan, _ = input_plan(name)
+    got = train(name, plan)
+    assert_same_training(name, got)
+    assert got.runtime.stats.borrowed_inputs == 1
+
+
+def test_an_input_that_cannot_be_freed_is_refused_with_a_clear_error() -> None:
+    name = "resnet_tiny"
+    plan, _ = input_plan(name)
+    w = MODELS[name]()
+    x = torch.from_numpy(w.inputs[0].numpy().copy())  # memory owned by NumPy: not resizable
+    rt = PlannedExecution(w.model, plan, trace_of(name))
+    with pytest.raises(Exception, match="cannot be freed"):
+        with rt:
+            w.loss_fn(w.model(x)).backward()

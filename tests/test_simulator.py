@@ -805,7 +805,11 @@ def test_valid_actions_shape_and_rules(tiny_resnet_trace: Trace) -> None:
     assert va.can_swap.shape == va.can_recompute.shape == (trace.n_events,)
     assert not np.any(va.can_recompute & ~va.can_swap)
     roles = trace.tensor_role[trace.event_tensor]
-    assert np.all(np.isin(roles[va.can_swap], [Role.SAVED, Role.TEMPORARY]))
+    assert np.all(np.isin(roles[va.can_swap], [Role.SAVED, Role.TEMPORARY, Role.INPUT]))
+    assert np.all(trace.movable[trace.event_tensor[va.can_swap]])
+    # a saved input may be swapped, never recomputed: nothing made it in the iteration
+    assert not np.any(roles[va.can_recompute] == Role.INPUT)
+    assert np.any(roles[va.can_swap] == Role.INPUT)
     kinds = trace.event_kind[va.can_swap]
     assert np.all(np.isin(kinds, [EventKind.READ, EventKind.WRITE]))
     assert np.all(sim.event_next_use[va.can_swap] > trace.event_op[va.can_swap])

@@ -211,3 +211,38 @@ def test_action_window_is_last_forward_use_to_next_use():
     assert action[x] == ret[x] == -1  # an input: no plan moves it
     # a could leave between f0 and f2 only if forward code let go of it; it cannot: no saving there.
     assert t.minimum_memory == int(t.op_memory[2])
+
+
+def _input_trace(module_call_before_f1: bool, *, second_use: bool = False):
+    """x (input, 40 B) saved by f0 (packed before f0's kernel); f1 is the next op."""
+    b = TraceBuilder()
+    x = b.tensor(40, Role.INPUT, preexisting=True)
+    a = b.tensor(8, Role.SAVED)
+    c = b.tensor(8, Role.SAVED)
+    b.mark_module_call()
+    b.mark_saved(x)  # autograd packs f0's input before f0 runs
+    b.op("f0", Phase.FORWARD, reads=[x], outputs=[a])
+    if module_call_before_f1:
+        b.mark_module_call()
+    b.op("f1", Phase.FORWARD, reads=[a, x] if second_use else [a], outputs=[c])
+    b.mark_saved(c)  # f1's output, packed after its kernel
+    b.op("b2", Phase.BACKWARD, reads=[c, a], frees=[c])
+    b.op("b3", Phase.BACKWARD, reads=[x, a], frees=[a])
+    return b.build(), x
+
+
+def test_an_input_autograd_saves_may_be_swapped_when_the_runtime_can_free_it_in_time():
+    t, x = _input_trace(module_call_before_f1=True)
+    assert t.movable[x]
+    action, ret = t.action_window
+    assert (action[x], ret[x]) == (0, 3)
+    # away during f1 and b2: the minimum no longer counts it there
+    assert t.minimum_memory == int(max(t.op_memory[0], t.op_memory[1] - 40, t.op_memory[2] - 40, t.op_memory[3]))
+    assert t.persistent_bytes == 0  # nothing else existed before the iteration
+    # The runtime learns that f0 is over at the next module call or the next pack: with no module
+    # call before f1, the next pack is f1's output, after f1's kernel ran with x resident.
+    t, x = _input_trace(module_call_before_f1=False)
+    assert not t.movable[x] and t.action_window[0][x] == -1
+    # A later forward use: not its last forward use where it was packed.
+    t, x = _input_trace(module_call_before_f1=True, second_use=True)
+    assert not t.movable[x]

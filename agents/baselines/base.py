@@ -26,7 +26,7 @@ import numpy as np
 from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.plan import Action, ActionKind, Plan
 from dqn_swap.simulator import SimResult, Simulator
-from dqn_swap.trace import EventKind, Phase, Role, Trace
+from dqn_swap.trace import EventKind, Phase, Trace
 
 ActionSet = tuple[Action, ...]
 
@@ -124,10 +124,11 @@ class TraceFacts:
     def _activations(self) -> dict[str, np.ndarray]:
         tr = self.trace
         rows: list[tuple[int, int, int, int, int]] = []
-        for t in np.flatnonzero(tr.tensor_role == Role.SAVED):
+        for t in np.flatnonzero(tr.movable):
             t = int(t)
             alloc = int(tr.tensor_alloc_op[t])
-            if alloc < 0 or tr.op_phase[alloc] != Phase.FORWARD:
+            # A saved input existed before the iteration (alloc -1): it may be swapped, not recomputed.
+            if alloc >= 0 and tr.op_phase[alloc] != Phase.FORWARD:
                 continue
             evs = self.events_of(t)
             fwd = evs[tr.op_phase[tr.event_op[evs]] == Phase.FORWARD]

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from dqn_swap.plan import Action, ActionKind
-from dqn_swap.trace import Phase, Role
+from dqn_swap.trace import Phase
 
 from .base import ActionSet, BasePlanner, Evaluator, TraceFacts
 
@@ -69,7 +69,7 @@ def lru_replay(facts: TraceFacts, capacity: int, cheap: np.ndarray, evict_expens
     """
     tr = facts.trace
     nbytes = tr.tensor_nbytes.tolist()
-    saved = (tr.tensor_role == Role.SAVED).tolist()
+    saved = tr.movable.tolist()
     memory = tr.initial_bytes
     lru: OrderedDict[int, int] = OrderedDict()  # resident saved tensor -> op of its last use
     away: set[int] = set()

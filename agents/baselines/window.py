@@ -63,7 +63,7 @@ def use_gaps(facts: TraceFacts, can_swap: np.ndarray) -> list[tuple[int, int, in
     """
     tr = facts.trace
     offsets = variable_sequence_offsets(facts)
-    movable = np.isin(tr.tensor_role, (Role.SAVED, Role.TEMPORARY))
+    movable = tr.movable | (tr.tensor_role == Role.TEMPORARY)
     out = []
     for t in np.flatnonzero(movable).tolist():
         best: tuple[int, int] | None = None

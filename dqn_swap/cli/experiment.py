@@ -220,12 +220,15 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
     cpu_peak = 0
     try:
         with _memory_cap(device, budget):
-            for i in range(steps + warmup + int(meter_cpu)):
-                measured = meter_cpu and i == steps + warmup  # the last, untimed step
+            for i in range(steps + warmup + 2 * int(meter_cpu)):
+                # The last step is measured; the one before it runs under the profiler too, untimed:
+                # the CPU allocator reports a free's size only for blocks allocated while profiling.
+                profiled = meter_cpu and i >= steps + warmup
+                measured = meter_cpu and i == steps + warmup + 1
                 _sync(device)
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                timeline = AllocatorTimeline() if measured else nullcontext()
+                timeline = AllocatorTimeline() if profiled else nullcontext()
                 with timeline:
                     with context():
                         loss = loss_fn(model(*inputs))
@@ -234,7 +237,7 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
                 _sync(device)
                 if measured:
                     cpu_peak = timeline.peak  # type: ignore[union-attr]
-                elif i >= warmup:
+                elif i >= warmup and not profiled:
                     times.append(time.perf_counter() - t0)
                 losses.append(float(loss.detach()))
                 del loss
@@ -544,11 +547,14 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
     plus the most allocated at once during it.  Earlier iterations fill the
     runtime's pool of host buffers, which on the CPU are the same memory, and
     warm the kernels' caches (oneDNN makes a convolution's primitive once).
+    Every iteration runs under the profiler: the CPU allocator reports a
+    block's size at its free only if it was allocated while profiling, and a
+    swapped input's storage is refilled in one iteration and emptied in the next.
     """
     peak = 0
     for i in range(iterations):
         optimizer.zero_grad(set_to_none=True)
-        timeline = AllocatorTimeline() if i == iterations - 1 else nullcontext()
+        timeline = AllocatorTimeline()
         with timeline:
             with runtime if runtime is not None else nullcontext():
                 out = model(*inputs)

@@ -9,8 +9,8 @@ from ..cost import PROFILES
 from .common import human, load_trace, on_terminal, print_json, print_table, seconds
 
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
-              "the busiest op with every saved activation away from its last forward use to its next use) "
-              "and 100%% the unplanned peak; a multiple of the unplanned peak (0.5x); or bytes with a unit "
+              "the busiest op with every saved activation, and the input batch where autograd saves it, away "
+              "from its last forward use to its next use) and 100%% the unplanned peak; a multiple of the unplanned peak (0.5x); or bytes with a unit "
               "(8GiB, 6.5GB, 512MiB). A bare number is bytes; one of at most 1 is refused as ambiguous")
 
 

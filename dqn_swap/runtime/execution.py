@@ -143,6 +143,7 @@ class IterationStats:
     expected_packs: int = 0
     swapped: int = 0  # distinct storages copied out
     swapped_bytes: int = 0
+    borrowed_inputs: int = 0  # swapped inputs: storages of the caller emptied until their copy back
     released_after_copy: int = 0  # storages whose device reference the runtime dropped after the copy
     recompute_removed: int = 0  # distinct storages not saved
     recompute_removed_bytes: int = 0
@@ -201,6 +202,9 @@ class _Iteration:
         self.mode = RecordMode(self) if self.recorder is not None else None
         self.windows = {w.call: w for w in rt.index.windows}
         self.calls = 0  # module calls of the forward pass so far
+        self.pack_op = rt.index.trace.saved_op.tolist()  # pack k happens while op pack_op[k] runs
+        self.pending_borrowed: list[tuple[SwapGroup, int]] = []  # swapped inputs whose op may still run
+        self.module_done_hook: Any = None  # while some are pending: a module returned, so their ops ran
 
     def module_call(self, module: torch.nn.Module, args: Any) -> None:
         """A module's forward begins (no op is under way): start or stop numbering ops here."""
@@ -229,6 +233,11 @@ class _Iteration:
                 f"autograd saved more than the {self.n_saved} tensors the trace recorded for one iteration: "
                 f"the model or the batch changed since recording ({self.rt.plan_label()}); record the trace "
                 "again (one PlannedExecution block must hold exactly one forward pass)")
+        if self.pending_borrowed:
+            self.release_borrowed(self.pack_op[k])
+            if (not self.pending_borrowed and k > self.last_flagged and k < self.n_saved - 1
+                    and self.hooks_pushed):
+                self.trim_hooks(k - 1)  # the trim below waited for the swapped input
         mode = self.mode
         if mode is not None and mode.pushed and mode.finished:
             mode.stop()  # the window's last op has been recorded: ops run at full speed again
@@ -244,14 +253,44 @@ class _Iteration:
                 packed = self._pack(t, k, f)
         finally:
             self.paused = False
-        if k == self.last_flagged and k < self.n_saved - 1 and self.hooks_pushed:
-            # Nothing later in the forward pass concerns the plan: later saves go to autograd untouched
-            # (the hooks cost a Python call per saved tensor).  Ours are on top: this is our pack hook.
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-            self.hooks_pushed = False
-            self.trimmed = True
-            self.stats.hooks_off_after = k
+        if k == self.last_flagged and k < self.n_saved - 1 and self.hooks_pushed and not self.pending_borrowed:
+            self.trim_hooks(k)
         return packed
+
+    def trim_hooks(self, k: int) -> None:
+        """Nothing after pack ``k`` concerns the plan: later saves go to autograd untouched (the hooks
+        cost a Python call per saved tensor).  Ours are on top: this runs in our pack hook."""
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        self.hooks_pushed = False
+        self.trimmed = True
+        self.stats.hooks_off_after = k
+
+    def release_borrowed(self, op: int) -> None:
+        """Ops before ``op`` have run: swapped inputs they saved may be emptied (:mod:`.swap`).
+
+        Autograd packs an op's inputs before the op runs, so the runtime learns that the op is
+        over from the first of: a module's forward beginning or returning (no op is under way
+        then), the next pack in a later op, backward's first unpack, the block's end.  The trace
+        lets a plan swap only inputs for which one of the first two comes before the next op's
+        kernel (:attr:`dqn_swap.trace.Trace.movable`).
+        """
+        still = []
+        for g, saved_at in self.pending_borrowed:
+            if saved_at < op:
+                g.op_done = True
+                self.swapper.empty_borrowed(g)
+            else:
+                still.append((g, saved_at))
+        self.pending_borrowed = still
+        if not still and self.module_done_hook is not None:
+            for hook in self.module_done_hook:
+                hook.remove()
+            self.module_done_hook = None
+
+    def module_done(self, module: torch.nn.Module, *args: Any) -> None:
+        """A module's forward begins or returns: no op is under way, every op packed so far has run."""
+        if self.pending_borrowed:
+            self.release_borrowed(NO_OP)
 
     def _pack(self, t: torch.Tensor, k: int, f: int) -> Any:
         index, rt = self.index, self.rt
@@ -276,8 +315,21 @@ class _Iteration:
                     group = SwapGroup(self.swapper, tid, version, nbytes)
                     self.swap_groups[(tid, version)] = group
                     self.groups_by_tid.setdefault(tid, []).append(group)
-                    self.swapper.swap_out(group, storage)
+                    borrowed = index.is_persistent(tid)  # an input: the caller's storage (swap.py)
+                    if borrowed and not storage.resizable():
+                        raise UnsupportedTrainingError(
+                            f"the plan swaps the input {index.tensor_label(tid)}, whose storage cannot be "
+                            "freed (not resizable: made from a NumPy array or shared memory?); pass a copy "
+                            "that owns its memory, e.g. batch.clone()")
+                    self.swapper.swap_out(group, storage, borrowed=borrowed)
                     self.stats.swapped += 1
+                    if borrowed:
+                        self.stats.borrowed_inputs += 1
+                        self.pending_borrowed.append((group, self.pack_op[k]))
+                        if self.module_done_hook is None:
+                            mod = torch.nn.modules.module
+                            self.module_done_hook = (mod.register_module_forward_pre_hook(self.module_done),
+                                                     mod.register_module_forward_hook(self.module_done))
                     self.stats.swapped_bytes += nbytes
                     if rt.track_storages:
                         self.stats.source_refs.append(StorageWeakRef(storage))
@@ -357,6 +409,8 @@ class _Iteration:
         self.paused = True
         try:
             with torch.no_grad():
+                if self.pending_borrowed:
+                    self.release_borrowed(NO_OP)  # backward has begun: every forward op has run
                 if not self.forward_done:
                     self.end_of_forward()
                 self.stats.released_after_copy += self.swapper.poll()
@@ -442,6 +496,12 @@ class _Iteration:
         self.stats.packed = self.n_packed
         if self.mode is not None:
             self.mode.stop()
+        if self.pending_borrowed:
+            self.release_borrowed(NO_OP)  # the block ends: its forward ops have run
+        if self.module_done_hook is not None:
+            for hook in self.module_done_hook:
+                hook.remove()
+            self.module_done_hook = None
         self.stats.released_after_copy += self.swapper.poll()
         self.stats.held_bytes = self.swapper.held_bytes
         self.stats.peak_held_bytes = self.swapper.peak_held_bytes

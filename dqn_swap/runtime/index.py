@@ -241,13 +241,13 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
 
 # ---------------------------------------------------------------- hand-made plans
 def saved_activations(trace: Trace) -> list[int]:
-    """Tensor ids of the activations a plan may move (saved for backward, made in the forward
-    pass, used again after their last forward use), in packing order."""
+    """Tensor ids of the saved tensors a plan may move (saved for backward, made in the forward
+    pass or an input, used again after their last forward use), in packing order."""
     action, _ = trace.action_window
     seen: dict[int, None] = {}
     for tid in trace.saved.tolist():
         op = trace.tensor_alloc_op[tid]
-        if action[tid] >= 0 and op >= 0 and trace.op_phase[op] == Phase.FORWARD:
+        if action[tid] >= 0 and (op < 0 or trace.op_phase[op] == Phase.FORWARD):
             seen.setdefault(int(tid), None)
     return list(seen)
 

@@ -332,6 +332,8 @@ class OpRecorder:
             if isinstance(x, Const):
                 if x.snapshot is not None:
                     return x.snapshot
+                if x.tid in it.groups_by_tid:
+                    it.stored(x.tid, x.version)  # a swapped input: its borrowed storage is refilled first
                 if x.value._version != x.version:
                     raise RecomputeError(
                         f"{self.index.tensor_label(x.tid)} was modified in place after the forward pass read "

@@ -5,6 +5,17 @@ pooled host buffers, the copies to the host still in flight, and device
 buffers waiting for a copy to finish before they may be freed.  A
 :class:`SwapGroup` is one swapped storage of one iteration.
 
+Borrowed storages.  An input the plan swaps (the batch a first convolution
+saves, :attr:`dqn_swap.trace.Trace.movable`) is held by the training loop, so
+dropping autograd's reference frees nothing.  The runtime borrows its storage
+instead: once the copy out has completed it empties it (``resize_(0)``, as
+FSDP frees parameters), and the copy back refills the same storage, so the
+caller's tensor holds its bytes again when backward has read it.  Autograd packs
+an op's inputs before the op runs, so the storage is emptied only once both the
+copy out and the op that saved it are done (the iteration says when the op is:
+``op_done``).  If autograd frees the graph without a backward pass, the bytes
+are copied back then.
+
 Every stream synchronisation says why (the model of a device is in
 :mod:`dqn_swap.runtime.backend`).
 """
@@ -68,7 +79,7 @@ class SwapGroup:
     held while the copy out runs, and the prefetched device copy."""
 
     __slots__ = ("swapper", "tid", "version", "nbytes", "host", "source", "d2h_event", "dev", "h2d_event",
-                 "h2d_waited", "remaining", "__weakref__")
+                 "h2d_waited", "remaining", "borrowed", "op_done", "emptied", "__weakref__")
 
     def __init__(self, swapper: "Swapper", tid: int, version: int, nbytes: int) -> None:
         self.swapper, self.tid, self.version, self.nbytes = swapper, tid, version, nbytes
@@ -79,6 +90,9 @@ class SwapGroup:
         self.h2d_event: Event | None = None
         self.h2d_waited = True
         self.remaining = 0  # handles not yet unpacked
+        self.borrowed: torch.UntypedStorage | None = None  # the caller's storage, for a swapped input
+        self.op_done = False  # the op that saved the borrowed storage has run
+        self.emptied = False  # the borrowed storage is empty (its bytes are on the host only)
 
     def __del__(self) -> None:
         try:
@@ -135,13 +149,16 @@ class Swapper:
             self.peak_held_bytes = self.held_bytes
 
     # ------------------------------------------------------------ copy out
-    def swap_out(self, group: SwapGroup, storage: torch.UntypedStorage) -> None:
+    def swap_out(self, group: SwapGroup, storage: torch.UntypedStorage, *, borrowed: bool = False) -> None:
         """Copy ``storage`` into a pooled host buffer; on an asynchronous device the device bytes stay
-        referenced by ``group.source`` until the copy has completed (:meth:`poll`)."""
+        referenced by ``group.source`` until the copy has completed (:meth:`poll`).  ``borrowed``: the
+        storage belongs to the caller (a swapped input) and is emptied once copied (module docstring)."""
         backend = self.backend
         nbytes = group.nbytes
         host, host_free = self.pool.acquire(nbytes)
         group.host = host
+        if borrowed:
+            group.borrowed = storage
         src = bytes_of(storage)
         if not backend.asynchronous:
             backend.copy(host, src, None)  # synchronous: the device reference is not kept at all
@@ -190,16 +207,39 @@ class Swapper:
                 g.source = None
                 self.held_bytes -= g.nbytes
                 released += 1
+                if g.borrowed is not None:
+                    self.empty_borrowed(g)
         while self.graveyard and self.graveyard[0][1].query():
             self.graveyard.popleft()
         return released
 
+    @staticmethod
+    def empty_borrowed(g: SwapGroup) -> None:
+        """Free the device bytes of a borrowed storage once its copy out and the op that saved it are
+        done, if backward still has to read it and it has not been fetched back already."""
+        if (g.borrowed is None or g.emptied or not g.op_done or g.source is not None or g.remaining <= 0
+                or g.dev is not None):
+            return
+        g.borrowed.resize_(0)
+        g.emptied = True
+
     # ------------------------------------------------------------ copy back
     def fetch(self, g: SwapGroup) -> None:
-        """Start copying ``g`` back into a new device buffer (at once on a synchronous device)."""
+        """Start copying ``g`` back into a new device buffer (at once on a synchronous device); a
+        borrowed storage is refilled in place."""
         backend = self.backend
         assert g.host is not None
-        dev = backend.device_buffer(g.nbytes)
+        if g.borrowed is not None and not g.emptied:
+            g.dev = bytes_of(g.borrowed)  # never emptied: the caller's bytes are still there
+            g.h2d_waited = True
+            self.hold(g.nbytes)
+            return
+        if g.borrowed is not None:
+            g.borrowed.resize_(g.nbytes)  # allocated on the current (compute) stream, as device_buffer is
+            g.emptied = False
+            dev = bytes_of(g.borrowed)
+        else:
+            dev = backend.device_buffer(g.nbytes)
         if backend.asynchronous:
             stream = self.h2d_stream
             # Sync: `dev` was allocated for the compute stream, whose earlier kernels may still use the
@@ -244,8 +284,20 @@ class Swapper:
         g.dev = None
         self.held_bytes -= g.nbytes
 
+    def give_back(self, g: SwapGroup) -> None:
+        """A borrowed storage still empty when its graph goes (no backward read it back): the caller's
+        tensor gets its bytes again now (the copy out completed before it was emptied)."""
+        if g.borrowed is not None and g.emptied:
+            g.borrowed.resize_(g.nbytes)
+            g.emptied = False
+            # Sync: on the compute stream, so later kernels see the bytes; the host waits for the copy
+            # because the host buffer goes back to the pool when the group retires.
+            self.backend.copy(bytes_of(g.borrowed), g.host, self.backend.compute_stream()).synchronize()
+        g.borrowed = None
+
     def retire(self, g: SwapGroup) -> None:
         """``g`` died (autograd freed its graph, with or without a backward pass)."""
+        self.give_back(g)
         if g.dev is not None:
             if not g.h2d_waited and g.h2d_event is not None and not g.h2d_event.query():
                 # The graph was dropped while the copy back still writes `dev`: freeing it now would let

@@ -220,7 +220,7 @@ def test_vdnn_offloads_convolution_inputs() -> None:
 def test_layrub_offloads_every_activation_after_its_last_forward_use(tiny_resnet_trace: Trace) -> None:
     trace = tiny_resnet_trace
     plan = get_planner("layrub").plan(trace, trace.peak_bytes, PROFILE)
-    saved = set(np.flatnonzero(trace.tensor_role == Role.SAVED).tolist())
+    saved = set(np.flatnonzero(trace.movable).tolist())  # saved activations and saved inputs
     assert {a.tensor for a in plan.actions} == saved
     for a in plan.actions:
         assert a.kind == ActionKind.SWAP
