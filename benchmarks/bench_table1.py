@@ -80,7 +80,8 @@ _CELLS: dict[tuple[str, str, int], dict[str, Any]] = {}
 def plan_cell(trace: Any, planner: str, limit: int, optimal_time: float = 60.0) -> dict[str, Any]:
     """One planner on one trace at ``limit``: feasibility, makespan, images/s, and why not (planned
     once per run: the bisections and the table ask for the same cells)."""
-    key = (trace.fingerprint, planner, int(limit))
+    # Both profiles are V100s: same op times, same fingerprint; the link differs, so it is in the key.
+    key = (trace.fingerprint, str(trace.meta.get("profile")), planner, int(limit))
     if key not in _CELLS:
         _CELLS[key] = _plan_cell(trace, planner, limit, optimal_time)
     return _CELLS[key]
@@ -212,17 +213,20 @@ def markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {name}: certified ceiling | " + " | ".join(
                     f"{c['images_per_s_ceiling']:.0f}" if "images_per_s_ceiling" in c else "x" for c in cells)
                     + " | | | |")
+        top_min = res["minimum_memory_gib"][batches[-1]]
+        under = top_min * GiB > result["limit_bytes"]
         lines += ["", f"Trace's minimum memory: " + ", ".join(
             f"b{b} {m:.2f} GiB" for b, m in res["minimum_memory_gib"].items()) + ".",
             f"Largest batch any plan could fit (minimum memory under the limit): {res['largest_batch_of_minimum']}; "
             f"without a plan: {res['in_memory_batch']} ({res['in_memory_images_per_s']:.0f} images/s).", "",
             "Reach at batch 1440 (smallest feasible limit / the trace's minimum memory): " + ", ".join(
                 f"{n} {'-' if r is None else f'{r:.3f}'}" for n, r in res["reach_at_1440"].items()) + ".", "",
-            "Why the infeasible cells are infeasible (each planner's smallest infeasible batch; every cell "
-            f"at b{batches[-1]} is under the trace's minimum memory, {res['minimum_memory_gib'][batches[-1]]:.2f} GiB):",
+            "Why the infeasible cells are infeasible (each planner's smallest infeasible batch"
+            + (f"; every cell at b{batches[-1]} is under the trace's minimum memory, {top_min:.2f} GiB):" if under
+               else "):"),
             ""]
         for name, cells in res["table"].items():
-            bad = [(b, c) for b, c in zip(batches, cells) if not c["feasible"] and b != batches[-1]]
+            bad = [(b, c) for b, c in zip(batches, cells) if not c["feasible"] and not (under and b == batches[-1])]
             if bad:
                 b, c = bad[0]
                 lines.append(f"- {name} at b{b}: {c['why']}")
