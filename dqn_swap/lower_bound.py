@@ -57,8 +57,8 @@ clipped to the allowed interval, or at ``r = E``: a closed form, computed in
 :func:`lower_bound`.
 
 *Candidates.*  A tensor can be off the device during op ``k`` only if it is
-alive there in the trace, allocated before ``k``, a saved activation or a
-temporary, and read or written again after ``k`` (the simulator's static
+alive there in the trace, allocated before ``k``, movable
+(:attr:`~dqn_swap.trace.Trace.movable`), and read or written again after ``k`` (the simulator's static
 validity).  Recompute candidates are those among them never written after
 they were made, produced by a forward op that writes nothing else in place.
 Using a superset of what the simulator allows (the producer's inputs are not

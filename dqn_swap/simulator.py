@@ -121,10 +121,10 @@ the trace's peak, ``makespan == compute_time`` exactly.
 
 **Validity** (static, per event, :meth:`Simulator.valid_actions`).  An action
 ``(event e, tensor X)`` is valid only if ``e`` is a ``read`` or ``write`` of
-``X``; ``X`` is a saved activation, a tensor autograd saves for backward
-(never a temporary, parameter, gradient, optimizer state or input: the
-runtime moves tensors through autograd's saved-tensor hooks); ``X`` is read
-or written by a later op.
+``X``; ``X`` is a tensor autograd saves for backward (:attr:`Trace.movable`:
+a saved activation, or an input the runtime can borrow; never a temporary,
+parameter, gradient or optimizer state: the runtime moves tensors through
+autograd's saved-tensor hooks); ``X`` is read or written by a later op.
 Recompute additionally needs: ``X`` produced by a forward op ``p`` and never
 written in place afterwards; ``p`` writes nothing in place but its own
 outputs (re-running it must have no side effect); and every input of ``p``
