@@ -286,7 +286,13 @@ class Swapper:
 
     def give_back(self, g: SwapGroup) -> None:
         """A borrowed storage still empty when its graph goes (no backward read it back): the caller's
-        tensor gets its bytes again now (the copy out completed before it was emptied)."""
+        tensor gets its bytes again now (the copy out completed before it was emptied).  One already
+        refilled by a prefetch whose copy back may still be running is the caller's again too."""
+        if g.borrowed is not None and g.dev is not None and not g.h2d_waited and g.h2d_event is not None:
+            # Sync: the caller's next kernels on the compute stream read this storage; they must wait
+            # for the copy back that refills it (the block is the caller's, so no graveyard keeps it).
+            self.backend.wait_event(self.backend.compute_stream(), g.h2d_event)
+            g.h2d_waited = True
         if g.borrowed is not None and g.emptied:
             g.borrowed.resize_(g.nbytes)
             g.emptied = False
