@@ -20,7 +20,7 @@ import torch
 
 from dqn_swap.runtime import PlannedExecution, make_plan, saved_activations
 from dqn_swap.runtime.standin import StandInBackend
-from dqn_swap.runtime.swap import Swapper
+from dqn_swap.runtime.swap import SwapGroup, Swapper
 
 from .runtime_support import MODELS, assert_same_training, hand_plan, trace_of, train
 
@@ -99,6 +99,32 @@ def test_forward_without_backward_keeps_buffers_until_their_copies_end() -> None
     rt.synchronize()
     assert not rt.swapper.graveyard and rt.swapper.held_bytes == 0
     assert backend.violations == []
+    backend.close()
+
+
+def test_a_dropped_graph_returns_a_swapped_input_only_after_its_copy_back() -> None:
+    """A swapped input (a borrowed storage) refilled by a prefetch whose copy back still runs when its
+    graph goes: the caller's next op on its batch must wait for that copy (CI caught this race in
+    the test above, in about half of its runs, before the wait existed)."""
+    backend = StandInBackend(delay=lambda stream: 0.0 if stream.index == 0 else 0.2)
+    swapper = Swapper(backend, max_inflight_bytes=1 << 20)
+    with backend.checking():
+        torch.zeros(1) + 1  # the checker's first op is slow (a second); warm it up before the race
+    batch = torch.arange(256, dtype=torch.float32)
+    expected = batch.clone()
+    group = SwapGroup(swapper, tid=0, version=0, nbytes=batch.untyped_storage().nbytes())
+    group.remaining = 1  # backward would read it once
+    swapper.swap_out(group, batch.untyped_storage(), borrowed=True)
+    group.d2h_event.synchronize()
+    group.op_done = True
+    swapper.poll()
+    assert group.emptied and batch.untyped_storage().nbytes() == 0
+    swapper.fetch(group)  # the prefetch: refilled in place by a copy back that takes 0.2 s
+    swapper.retire(group)  # the graph goes without backward
+    with backend.checking():
+        again = batch * 1  # the training loop's next forward reads its batch
+    assert backend.violations == []
+    assert torch.equal(again, expected) and torch.equal(batch, expected)
     backend.close()
 
 
