@@ -330,18 +330,22 @@ def _recorded_run(path: Path, trace, limits: list[float], steps: int):  # noqa: 
 def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.agents.dqn import DQNConfig
     from dqn_swap.agents.dqn.algorithm import finetune, train
-    from dqn_swap.agents.dqn.report import plot_curves
+    from dqn_swap.agents.dqn.report import parse_overrides, plot_curves
 
     out: dict[str, Any] = {}
     curves = {}
+    # --set applies to both runs, so that they are trained by the same recipe (demonstrations included)
+    overrides = parse_overrides(args.overrides)
+    set_tag = "".join(f"_{k}-{v}" for k, v in sorted(overrides.items()))
     for spec in args.models:
         model, _, batch = spec.rpartition(":")  # hf:llama:32 -> hf:llama, 32
         trace = get_trace(model, int(batch))
         name = slug(model)
-        base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1), seed=args.seed)
+        base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1), seed=args.seed).replace(
+            **overrides)
         d = ROOT / "runs" / "transfer"
         limits = list(args.limits)
-        seed_tag = f"_s{args.seed}" if args.seed else ""
+        seed_tag = (f"_s{args.seed}" if args.seed else "") + set_tag
         scratch_path = d / f"{name}_scratch{seed_tag}.pt"
         if args.reuse_scratch and scratch_path.exists():  # same seed and settings: reuse its recorded evaluations
             scratch = _recorded_run(scratch_path, trace, limits, args.steps)
@@ -357,11 +361,12 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
         tag += seed_tag
         ft = finetune(args.agent, trace, [pct(f) for f in limits], d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
                       start_e=args.start_e, lr_factor=args.lr_factor,
-                      config_overrides={"eval_every": max(ft_steps // 6, 1), "seed": args.seed}, profile=PROFILE,
+                      config_overrides={**overrides, "eval_every": max(ft_steps // 6, 1), "seed": args.seed},
+                      profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune{tag}", overwrite=True,
                       threads=args.threads)
         s_best, f_best = scratch.best["score"], ft.best["score"]
-        out[name] = {"agent": str(args.agent), "seed": args.seed, "start_e": args.start_e, "lr_factor": args.lr_factor, "limits": limits,
+        out[name] = {"agent": str(args.agent), "seed": args.seed, "settings": overrides, "start_e": args.start_e, "lr_factor": args.lr_factor, "limits": limits,
                      "scratch_steps": args.steps, "finetune_steps": ft_steps,
                      "scratch_seconds": scratch.wall_time, "finetune_seconds": ft.wall_time, "scratch_best": s_best,
                      "finetune_best": f_best, "reached": f_best <= s_best * (1 + 1e-9) + 1e-12,
@@ -373,6 +378,37 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
               f"in {ft_steps} steps ({100 * args.fraction:.0f}%) -> {'reached' if out[name]['reached'] else 'not reached'}")
     if args.plot and curves:
         plot_curves(curves, args.plot, title=f"fine-tuning {Path(args.agent).name} vs training from scratch")
+    return out
+
+
+def bench_transfer_plot(args: argparse.Namespace) -> dict[str, Any]:
+    """One panel per network, one colour per transfer JSON (a seed): from scratch solid, fine-tuned dashed.
+    Returns each run's best scores and the means over the runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(Path(f).read_text()) for f in args.runs]
+    names = [n for n in runs[0] if isinstance(runs[0][n], dict) and "scratch_curve" in runs[0][n]]
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    out: dict[str, Any] = {}
+    for ax, name in zip(axes[0], names):
+        for i, run in enumerate(runs):
+            r, colour = run[name], f"C{i}"
+            for key, style, label in (("scratch_curve", "-", "from scratch"),
+                                      ("finetune_curve", "--", f"fine-tuned, {r['finetune_steps']} steps")):
+                steps, scores = zip(*r[key])
+                ax.plot(steps, scores, style, color=colour, marker=".", label=f"seed {r['seed']}, {label}")
+        bests = [(run[name]["scratch_best"], run[name]["finetune_best"]) for run in runs]
+        out[name] = {"scratch_best": [b[0] for b in bests], "finetune_best": [b[1] for b in bests],
+                     "scratch_mean": sum(b[0] for b in bests) / len(bests),
+                     "finetune_mean": sum(b[1] for b in bests) / len(bests)}
+        ax.set(title=name, xlabel="environment steps", ylabel="mean overhead + penalty (greedy plan)", yscale="log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=110)
     return out
 
 
@@ -460,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="take the from-scratch run from runs/transfer/<model>_scratch.pt if it is there")
     p.add_argument("--scratch-only", action="store_true",
                    help="only train the from-scratch agents (runs/transfer/<model>_scratch.pt), for --reuse-scratch later")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="a DQNConfig setting for both runs, e.g. demonstrations=best-baseline (repeatable)")
+    p = sub.add_parser("transfer-plot", help="plot several transfer JSONs (seeds) side by side")
+    p.add_argument("runs", nargs="+", help="JSON files written by 'transfer --json'"); p.add_argument("--plot", required=True)
     p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
     p.add_argument("--only", nargs="*", help="variant names to run (beside the default)")
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--seeds", type=int, default=2)
@@ -468,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--threads", type=int)
     args = ap.parse_args(argv)
     fn = {"steps": bench_steps, "train": bench_train, "plan-time": bench_plan_time, "grid": bench_grid, "train-grid": bench_train_grid,
-          "transfer": bench_transfer, "ablation": bench_ablation}[args.cmd]
+          "transfer": bench_transfer, "transfer-plot": bench_transfer_plot, "ablation": bench_ablation}[args.cmd]
     if args.threads:
         import torch
 

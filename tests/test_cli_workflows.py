@@ -324,6 +324,24 @@ def test_plan_optimal_reports_its_certified_bound(resnet, capsys):
     one_line_error(code, err, "--time-limit")
 
 
+def test_search_simulations_set_dqn_search_local_search(resnet, tmp_path, capsys):
+    """--search-simulations 0 turns dqn-search's local search off; a budget is recorded in the plan file."""
+    plans = {}
+    for n in ("0", "300"):
+        path = tmp_path / f"plan{n}.json"
+        code, out, err = run(["plan", str(resnet), "-m", "40%", "--planner", "dqn-search", "--search-simulations", n,
+                              "-o", str(path)], capsys)
+        assert code == 0, err
+        plans[n] = json.loads(path.read_text())
+    assert "polish" not in plans["0"]["settings"]
+    polished = plans["300"]["settings"]["polish"]
+    assert polished["simulations"] <= 300
+    assert plans["300"]["figures"]["makespan"] <= plans["0"]["figures"]["makespan"] * (1 + 1e-12)
+    code, _, err = run(["simulate", str(resnet), "-m", "40%", "--planner", "dqn-search", "--search-simulations",
+                        "-5"], capsys)
+    one_line_error(code, err, "--search-simulations")
+
+
 def test_compare_with_optimal_measures_every_plan_against_the_ceiling(resnet, tmp_path, capsys):
     folder = tmp_path / "cmp"
     code, out, err = run(["compare", str(resnet), "--planners", "greedy,lru,optimal", "--memory-limits", "40%",

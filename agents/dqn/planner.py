@@ -18,7 +18,16 @@
   small search on top: at every decision point it tries the ``k`` actions of
   highest Q in the simulator and keeps the one with the best one-step
   lookahead (simulated reward plus the best Q of the state it leads to); it
-  returns the better of that plan and the greedy one.  The same lookahead
+  polishes that plan and the greedy one by local search in the simulator
+  (drop, flip, shift or replace actions while the plan gets faster,
+  :mod:`dqn_swap.agents.local_search`; a budget of simulations,
+  ``polish_simulations``, by default scaled to the trace, so that a plan is the
+  same on any machine; ``polish=False`` turns it off, and ``dqn`` takes
+  ``polish=True``) and returns the faster.  Polishing is ours, not the paper's:
+  on the held-out test families it takes ``dqn-search`` from 16 to 20 of 20
+  cells at or below the best baseline; the best baseline's plan polished the
+  same way is at or above ``dqn-search``'s in 18 of those 20 cells (README,
+  "Learning plans").  The same lookahead
   (:func:`search_episode`) improves the demonstrations during training
   (``DQNConfig.demo_improve="search"``), as search improves the policy in
   expert iteration: the greedy agent learns what search with its own Q finds.
@@ -30,6 +39,7 @@ simulator.  The lead registers them under ``dqn`` and ``dqn-search``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -48,6 +58,7 @@ from dqn_swap.checkpoints import path as shipped_agent
 from dqn_swap.limits import LimitSpec
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
+from ..local_search import polish
 from .checkpoint import load_agent
 from .config import DQNConfig
 from .demonstrations import DemoStep
@@ -205,8 +216,12 @@ class DQNPlanner:
 
     name = "dqn"
 
+    #: Whether :meth:`plan` improves the decoded plan by local search (:mod:`..local_search`).
+    polish_default = False
+
     def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, threads: int | None = None,
-                 recompute_chains: bool | None = None, decode: str = "auto") -> None:
+                 recompute_chains: bool | None = None, decode: str = "auto", polish: bool | None = None,
+                 polish_simulations: int | None = None, polish_seconds: float | None = None) -> None:
         if decode not in DQN_DECODINGS:
             raise ValueError(f"unknown decoding {decode!r}; choose one of: {', '.join(DQN_DECODINGS)}")
         self.decode = decode
@@ -216,6 +231,10 @@ class DQNPlanner:
             self.config = self.config.replace(recompute_chains=bool(recompute_chains))
         self.training = ckpt.get("training", {})
         self.threads = threads
+        self.polish = self.polish_default if polish is None else bool(polish)
+        # the local search's budget: simulations (None: scaled to the trace), and an optional time cap
+        self.polish_simulations = polish_simulations
+        self.polish_seconds = polish_seconds
 
     def _settings(self, **extra: Any) -> dict[str, Any]:
         return {"agent": str(self.agent_path), "graph": self.config.graph,
@@ -240,8 +259,23 @@ class DQNPlanner:
         episode = cover_episode if decode == "cover" else greedy_episode
         with torch_threads(self.threads):
             summary = episode(self.net, GraphBatcher(), env)
-        return env.plan(self.name, self._settings(steps=summary["steps"], decode=decode,
-                                                  plan_seconds=round(time.perf_counter() - t0, 3)))
+        plan = self._polished(env, env.plan(self.name, self._settings(steps=summary["steps"], decode=decode)))
+        plan.settings["plan_seconds"] = round(time.perf_counter() - t0, 3)
+        return plan
+
+    def _polished(self, env: SwapRecomputeEnv, plan: Plan) -> Plan:
+        """``plan`` improved by :func:`~dqn_swap.agents.local_search.polish` if this planner polishes
+        and the plan fits (the simulator's figures and schedule are those of the polished plan)."""
+        if not self.polish or not plan.figures.get("feasible"):
+            return plan
+        res = polish(env.sim, list(plan.actions), max_simulations=self.polish_simulations,
+                     max_seconds=self.polish_seconds)
+        settings = dict(plan.settings, polish={"dropped": res.dropped, "flipped": res.flipped,
+                                               "moved": res.moved, "simulations": res.simulations,
+                                               "seconds": round(res.seconds, 3),
+                                               "overhead_before": plan.figures.get("overhead")})
+        return dataclasses.replace(plan, actions=Plan.sorted_actions(res.actions), settings=settings,
+                                   figures=res.result.figures(), schedule=res.result.schedule)
 
 
 class DQNSearchPlanner(DQNPlanner):
@@ -249,10 +283,13 @@ class DQNSearchPlanner(DQNPlanner):
 
     name = "dqn-search"
     decode_reward = None  # the lookahead adds rewards to Q-values: charge them as in training
+    polish_default = True
 
     def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, k: int = 4,
-                 threads: int | None = None, recompute_chains: bool | None = None) -> None:
-        super().__init__(agent_path, threads=threads, recompute_chains=recompute_chains)
+                 threads: int | None = None, recompute_chains: bool | None = None, polish: bool | None = None,
+                 polish_simulations: int | None = None, polish_seconds: float | None = None) -> None:
+        super().__init__(agent_path, threads=threads, recompute_chains=recompute_chains, polish=polish,
+                         polish_simulations=polish_simulations, polish_seconds=polish_seconds)
         self.k = int(k)
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
@@ -262,15 +299,21 @@ class DQNSearchPlanner(DQNPlanner):
         with torch_threads(self.threads):
             search_episode(self.net, batcher, env, self.k, self.config.reward_scale)
             search_plan = env.plan(self.name, self._settings(k=self.k, decoded="search"))
-            search_cost = (env.result.overhead if env.feasible else np.inf)
-            greedy = greedy_episode(self.net, batcher, env)
-        greedy_cost = greedy["overhead"] if greedy["feasible"] else np.inf
-        if greedy_cost < search_cost or (not np.isfinite(search_cost) and not np.isfinite(greedy_cost)):
-            plan = env.plan(self.name, self._settings(k=self.k, decoded="greedy"))
-        else:
-            plan = search_plan
+            greedy_episode(self.net, batcher, env)
+            greedy_plan = env.plan(self.name, self._settings(k=self.k, decoded="greedy"))
+        # Both decoded plans are polished and the faster kept: on the grid the greedy plan polished is
+        # sometimes the better one though the search plan was better before (ResNet-50 at 70 %:
+        # 0.0093 against 0.0121, benchmarks/results/polish_grid.json).
+        candidates = [self._polished(env, p) for p in (search_plan, greedy_plan)]
+        plan = min(candidates, key=_plan_cost)
         plan.settings["plan_seconds"] = round(time.perf_counter() - t0, 3)
         return plan
+
+
+def _plan_cost(plan: Plan) -> tuple[bool, float]:
+    """Sort key: plans that fit first, then by simulated overhead (ties keep the earlier plan)."""
+    fits = bool(plan.figures.get("feasible"))
+    return (not fits, float(plan.figures.get("overhead", np.inf)) if fits else np.inf)
 
 
 def get_dqn_planner(name: str = "dqn", agent_path: str | os.PathLike[str] | None = None, **kwargs: Any):  # noqa: ANN201

@@ -36,6 +36,27 @@ def batch_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def simulations(text: str) -> int:
+    """argparse type of ``--search-simulations``: a whole number, 0 or more, said in one line otherwise."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of simulations, 0 or more, not {text!r}")
+    return value
+
+
+#: ``--search-simulations``'s help, shared by simulate, plan and compare.
+SEARCH_SIMULATIONS_HELP = (
+    "--planner dqn-search: how many simulations its local search may run on each of its two decoded plans "
+    "(it drops, flips, shifts or replaces actions while the simulated iteration gets faster, and stops "
+    "earlier when nothing helps; default: 250 million simulated events' worth, 57,803 on ResNet-50 b64; "
+    "0: no local search)")
+
+
 def seconds(text: str) -> float:
     """argparse type of ``--time-limit``: a positive number of seconds, said in one line otherwise."""
     import argparse

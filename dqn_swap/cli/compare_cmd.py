@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import load_trace, on_terminal, print_json, seconds
+from .common import SEARCH_SIMULATIONS_HELP, load_trace, on_terminal, print_json, seconds, simulations
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
@@ -42,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")
+    p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
+                   help=SEARCH_SIMULATIONS_HELP)
     p.add_argument("-o", "--output", default="comparison",
                    help="folder for compare.md, compare.csv and the PNG plots (default ./comparison)")
     p.add_argument("--force", action="store_true", help="replace existing result files")
@@ -62,7 +64,8 @@ def planner_names(spec: str) -> list[str]:
 
 
 def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str], agent: str | None = None,
-                 progress: bool = False, time_limit: float | None = None) -> list[dict[str, Any]]:
+                 progress: bool = False, time_limit: float | None = None,
+                 search_simulations: int | None = None) -> list[dict[str, Any]]:
     """Plan and simulate every (trace, limit, planner) cell; one row per cell, with the cell's ceiling."""
     from dqn_swap.agents import get_planner
 
@@ -78,8 +81,8 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
 
         bar = tqdm(total=len(cells), desc="compare", unit="plan")
     # no progress line of optimal's own: the comparison's bar is on the terminal
-    planner_objs = {pl: get_planner(pl, agent=agent, **(planner_settings(pl, time_limit=time_limit, progress=False)
-                                                        if pl == "optimal" else {}))
+    planner_objs = {pl: get_planner(pl, agent=agent, **planner_settings(pl, time_limit=time_limit, progress=False,
+                                                                        search_simulations=search_simulations))
                     for pl in planners}
     rows = []
     for name, lim, pl in cells:
@@ -225,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
         csv_path = check_output(folder / "compare.csv", args.force)
     if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
-    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal(), time_limit=args.time_limit)
+    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal(), time_limit=args.time_limit,
+                        search_simulations=args.search_simulations)
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)
     csv_path = check_output(folder / "compare.csv", args.force)

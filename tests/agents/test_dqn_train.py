@@ -53,8 +53,15 @@ def test_search_planner_is_no_worse_than_greedy(tiny_resnet_trace, trained):
     path, _ = trained
     limit = SwapRecomputeEnv(tiny_resnet_trace, LIMIT).memory_limit
     greedy = simulate(tiny_resnet_trace, DQNPlanner(path).plan(tiny_resnet_trace, limit, "v100-pcie3"))
-    search = simulate(tiny_resnet_trace, DQNSearchPlanner(path, k=3).plan(tiny_resnet_trace, limit, "v100-pcie3"))
+    plan = DQNSearchPlanner(path, k=3).plan(tiny_resnet_trace, limit, "v100-pcie3")
+    search = simulate(tiny_resnet_trace, plan)
     assert search.feasible and search.overhead <= greedy.overhead + 1e-12
+    # polished by local search: the plan's figures are those of its own actions, never worse than before
+    assert plan.settings["polish"]["overhead_before"] >= search.overhead - 1e-12
+    assert plan.figures["overhead"] == pytest.approx(search.overhead)
+    unpolished = simulate(tiny_resnet_trace, DQNSearchPlanner(path, k=3, polish=False).plan(
+        tiny_resnet_trace, limit, "v100-pcie3"))
+    assert search.overhead <= unpolished.overhead + 1e-12  # the better of two polished plans
 
 
 def test_same_seed_same_agent(tiny_resnet_trace, tmp_path):
