@@ -412,6 +412,31 @@ def bench_transfer_plot(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def bench_transfer_search(args: argparse.Namespace) -> dict[str, Any]:
+    """The agents of a transfer experiment (or any) planned through ``dqn-search`` instead of greedily:
+    per model and agent, the overhead at each limit and their mean (the transfer score without penalties,
+    every plan here fits)."""
+    from dqn_swap.agents import get_planner
+
+    out: dict[str, Any] = {}
+    agents = dict(item.split("=", 1) for item in args.agents)
+    for spec in args.models:
+        model, _, batch = spec.rpartition(":")
+        trace = get_trace(model, int(batch))
+        out[spec] = {}
+        for label, path in agents.items():
+            path = path.replace("{model}", slug(model))
+            planner = get_planner("dqn-search", agent=path)
+            t0 = time.perf_counter()
+            figs = [planner.plan(trace, pct(f).resolve(trace), PROFILE).figures for f in args.limits]
+            over = [f["overhead"] if f.get("feasible") else None for f in figs]
+            mean = sum(over) / len(over) if None not in over else None
+            out[spec][label] = {"agent": path, "overheads": over, "mean": mean,
+                                "seconds": round(time.perf_counter() - t0, 1)}
+            print(f"{spec} {label:12s} {over} mean {mean}", flush=True)
+    return out
+
+
 def bench_ablation(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.agents.dqn import DQNConfig
     from dqn_swap.agents.dqn.algorithm import train
@@ -500,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="a DQNConfig setting for both runs, e.g. demonstrations=best-baseline (repeatable)")
     p = sub.add_parser("transfer-plot", help="plot several transfer JSONs (seeds) side by side")
     p.add_argument("runs", nargs="+", help="JSON files written by 'transfer --json'"); p.add_argument("--plot", required=True)
+    p = sub.add_parser("transfer-search", help="plan with dqn-search using each agent (e.g. scratch vs fine-tuned)")
+    p.add_argument("--models", nargs="+", required=True)
+    p.add_argument("--agents", nargs="+", required=True, metavar="LABEL=PATH",
+                   help="checkpoints; {model} in PATH becomes the model's file name (runs/transfer/{model}_scratch.pt)")
+    p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))
     p = sub.add_parser("ablation"); p.add_argument("--models", nargs="+", default=["resnet_tiny:8", "gpt_tiny:4"])
     p.add_argument("--only", nargs="*", help="variant names to run (beside the default)")
     p.add_argument("--steps", type=int, default=3000); p.add_argument("--seeds", type=int, default=2)
@@ -508,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--threads", type=int)
     args = ap.parse_args(argv)
     fn = {"steps": bench_steps, "train": bench_train, "plan-time": bench_plan_time, "grid": bench_grid, "train-grid": bench_train_grid,
-          "transfer": bench_transfer, "transfer-plot": bench_transfer_plot, "ablation": bench_ablation}[args.cmd]
+          "transfer": bench_transfer, "transfer-plot": bench_transfer_plot,
+          "transfer-search": bench_transfer_search, "ablation": bench_ablation}[args.cmd]
     if args.threads:
         import torch
 
