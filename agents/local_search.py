@@ -13,9 +13,9 @@ unnecessary, or when another action would have cost less once the whole plan is 
 and keeps a move when the plan still fits and its simulated makespan goes down (first
 improvement, in the plan's order).  A pass tries the first three moves on every action and,
 only when none of them improves the plan, the replacements (``|plan| x |valid actions|``
-simulations); passes repeat up to ``max_rounds``, until a pass finds nothing, until the plan costs
-no more than the compute alone (nothing can be faster), or until the budget is spent.  Every move is judged by the same simulator as the plan, so the result fits and is never
-slower.
+simulations); passes repeat up to ``max_rounds``, until a pass finds nothing, until the plan
+reaches the simulator's lower bound (nothing can be faster), or until the budget is spent.  Every
+move is judged by the same simulator as the plan, so the result fits and is never slower.
 
 The budget is a number of simulations, so that a plan is the same on every machine and under any
 load; :func:`default_simulations` scales it to the trace (a simulation costs time in proportion
@@ -105,11 +105,10 @@ def polish(sim: Simulator, actions: list[Action] | tuple[Action, ...], *, max_ro
     by_tensor = valid_actions_by_tensor(sim)
     counts = {"drop": 0, "flip": 0, "move": 0}
     sims = 0
-
     budget = default_simulations(sim.trace.n_events) if max_simulations is None else int(max_simulations)
-
-    # No plan is faster than the compute alone: a plan that reaches it is optimal, and the search stops.
-    optimal = sim.trace.compute_time * (1 + 1e-12)
+    # No plan is faster than the lower bound (the compute alone, or more): a plan that reaches it is
+    # optimal, and the search, which keeps only strictly faster plans, has nothing left to find.
+    optimal = sim.lower_bound * (1 + 1e-12)
 
     def out_of_time() -> bool:
         return (best.makespan <= optimal or sims >= budget
