@@ -39,7 +39,7 @@ def record(model: str, batch_size: int, profile: str) -> tuple[Trace, float]:
 
     t0 = time.perf_counter()
     w = build_workload(model, batch_size, device="meta")
-    trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+    trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta", inputs="released",
                          profile=profile, meta={"model": model, "batch_size": batch_size})
     return trace, time.perf_counter() - t0
 

@@ -40,7 +40,7 @@ def recorded_trace(model: str, batch: int) -> Trace:
     from dqn_swap.recorder import record_trace
 
     w = build_workload(model, batch, "meta")
-    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta", inputs="released",
                         meta={"model": model, "batch_size": batch})
 
 

@@ -70,7 +70,7 @@ def trace_at(batch: int, profile: str):  # noqa: ANN201
     if key not in _TRACES:
         w = build_workload(MODEL, batch, device="meta")
         _TRACES[key] = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
-                                    profile=profile, meta={"model": MODEL, "batch_size": batch})
+                                    inputs="released", profile=profile, meta={"model": MODEL, "batch_size": batch})
     return _TRACES[key]
 
 

@@ -19,6 +19,13 @@ def record_trace(*args, **kwargs):  # noqa: ANN002, ANN003
     return _record(*args, **kwargs)
 
 
+def autoplan(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """Planned training in your own loop, one line; see :func:`dqn_swap.user_loop.autoplan`."""
+    from .user_loop import autoplan as _autoplan
+
+    return _autoplan(*args, **kwargs)
+
+
 def get_planner(name: str, **kwargs):  # noqa: ANN003, ANN201
     """The planner called ``name`` (the baselines and the DQN); see :func:`dqn_swap.agents.get_planner`."""
     from .agents import get_planner as _get
@@ -31,6 +38,10 @@ def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator imp
         from .runtime import PlannedExecution
 
         return PlannedExecution
+    if name in ("AutoPlan", "AutoPlanError"):
+        from . import user_loop
+
+        return getattr(user_loop, name)
     if name in ("simulate", "Simulator"):
         from . import simulator
 
@@ -38,7 +49,7 @@ def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator imp
     raise AttributeError(f"module 'dqn_swap' has no attribute {name!r}")
 
 
-__all__ = ["PROFILES", "Action", "ActionKind", "DeviceProfile", "EventKind", "MemoryLimit", "MemoryLimitError", "Phase",
+__all__ = ["PROFILES", "Action", "ActionKind", "AutoPlan", "AutoPlanError", "DeviceProfile", "EventKind", "MemoryLimit", "MemoryLimitError", "Phase",
            "Plan",
            "PlanError", "PlannedExecution", "Role", "Simulator", "Trace", "TraceBuilder", "TraceError",
-           "get_planner", "get_profile", "record_trace", "resolve_memory_limit", "simulate"]
+           "autoplan", "get_planner", "get_profile", "record_trace", "resolve_memory_limit", "simulate"]

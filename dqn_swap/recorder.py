@@ -68,7 +68,7 @@ from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, op_name
 from .support import unsupported_reason
-from .trace import Phase, Role, Trace, TraceBuilder
+from .trace import EventKind, Phase, Role, Trace, TraceBuilder
 
 LossFn = Callable[[Any], torch.Tensor]
 OptimizerArg = torch.optim.Optimizer | Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] | None
@@ -83,6 +83,23 @@ class RecordingError(RuntimeError):
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+# Bytes of the tensor PyTorch wraps a Python number in (``wrapped_scalar_tensor``: bool, int64,
+# double, complex double) when it is given where an op's schema wants a Tensor.
+_WRAPPED_BYTES = {bool: 1, int: 8, float: 8, complex: 16}
+
+
+def _tensor_slots(func: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the schema arguments typed ``Tensor`` (or ``Tensor?``)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        t = a.type
+        if isinstance(t, torch._C.OptionalType):
+            t = t.getElementType()
+        if isinstance(t, torch._C.TensorType):
+            out.append(i)
+    return tuple(out)
 
 
 def _mutated_args(func: torch._ops.OpOverload) -> tuple[int, ...]:
@@ -117,6 +134,7 @@ class _Recorder(TorchDispatchMode):
         self.tracker: ModuleTracker | None = None
         self.live: dict[int, int] = {}  # storage key -> tensor id of the live storage
         self.holders: dict[int, int] = {}  # tensor id -> number of live holders
+        self.outside: dict[int, int] = {}  # tensor id -> live holders that are not autograd's (_Saved)
         self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor object -> tensor id
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.op_bytes: list[float] = []
@@ -124,6 +142,11 @@ class _Recorder(TorchDispatchMode):
         self.active = True
         self.error_op: str | None = None
         self.accumulations: list[tuple[int, int, int]] = []  # (op, first operand, result): see accumulate_in_place
+        self.tensor_slots: dict[torch._ops.OpOverload, tuple[int, ...]] = {}
+        # Bytes alive while an op runs that the dispatcher never shows as tensors (see wrapped_bytes and
+        # fold_constants): added to the op's scratch once its kernel's own is known (finish_scratch).
+        self.extra_scratch: dict[int, int] = {}
+        self.constants: list[int] = []  # tensor ids of constants lift_fresh made during the iteration
 
     # ------------------------------------------------------------ storages
     def on_device(self, tree: Any) -> list[torch.Tensor]:
@@ -153,7 +176,29 @@ class _Recorder(TorchDispatchMode):
         if isinstance(obj, torch.Tensor):
             self.seen[obj] = tid
         self.holders[tid] += 1
-        weakref.finalize(obj, self.release, tid, key)
+        self.outside[tid] = self.outside.get(tid, 0) + 1
+        weakref.finalize(obj, self.release_held, tid, key)
+
+    def release_held(self, tid: int, key: int) -> None:
+        """A holder other than autograd's died: when it was the last one, only autograd keeps the
+        storage from here on (``Trace.tensor_held_op``: a plan acting on it frees memory only then).
+
+        A tensor object dies when neither Python nor C++ refers to it any more (PyTorch keeps
+        the Python object of a tensor C++ still holds, such as autocast's cache of weight casts);
+        autograd's holder refers to an alias (:class:`_Saved`), so the object's death is the end
+        of every other holder: a local of a function still running, a module attribute, a cache."""
+        self.outside[tid] -= 1
+        if self.outside[tid] == 0 and self.active and self.b.t_held[tid] < 0 and self.b.t_alloc[tid] >= 0:
+            self.b.held_until(tid, len(self.b.ops) - 1)
+        self.release(tid, key)
+
+    def mark_still_held(self) -> None:
+        """At the end of the iteration: storages made in it that something other than autograd still
+        holds.  (Storages from before the iteration are held by their owner throughout: the
+        runtime borrows a swapped input's storage instead, :attr:`dqn_swap.trace.Trace.movable`.)"""
+        for tid, n in self.outside.items():
+            if n > 0 and self.b.t_held[tid] < 0 and self.b.t_alloc[tid] >= 0:
+                self.b.held_until(tid, len(self.b.ops))
 
     def release(self, tid: int, key: int) -> None:
         self.holders[tid] -= 1
@@ -246,9 +291,13 @@ class _Recorder(TorchDispatchMode):
                     self.new_output(o)
                 else:
                     # A storage no op made: a constant built on the fly (`torch.tensor([])` in a
-                    # Hugging Face cache, lifted by lift_fresh) or a view of one; counted as there
-                    # from the start, like a tensor the loss captured.
-                    self.tid_of(o)
+                    # Hugging Face cache, `x[..., 0] = 3`, lifted by lift_fresh) or a view of one;
+                    # counted as there from the start, like a tensor the loss captured, unless it
+                    # dies with the op that reads it (:meth:`fold_constants`).
+                    fresh_constant = self.seen.get(o) is None and o.untyped_storage()._cdata not in self.live
+                    tid = self.tid_of(o)
+                    if fresh_constant and func is torch.ops.aten.lift_fresh.default and self.active:
+                        self.constants.append(tid)
             return out
         reads = [self.tid_of(t) for t in inputs]
         if func not in self.mutates:
@@ -275,6 +324,9 @@ class _Recorder(TorchDispatchMode):
             scratch = 0  # cpu: read from the timeline after the iteration (:meth:`scratch_from`)
         i = self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
                       flops=flops, bytes_moved=moved, module=self.module_path(), scratch=scratch)
+        wrapped = self.wrapped_bytes(func, args, kwargs)
+        if wrapped:
+            self.extra_scratch[i] = self.extra_scratch.get(i, 0) + wrapped
         if fresh and self.accumulation_candidate(func, args, kwargs, out):
             self.accumulations.append((i, reads[0], fresh[0]))
         if self.measure_scratch and self.device_type == "cpu":
@@ -289,8 +341,12 @@ class _Recorder(TorchDispatchMode):
         if self.phase != Phase.BACKWARD or func is not torch.ops.aten.add.Tensor or kwargs.get("alpha", 1) != 1:
             return False
         a = args[0]
+        # The engine adds in place only into a tensor whose storage it holds alone
+        # (``can_accumulate_inplace``: ``storage().use_count() == 1``): a view keeps its base alive,
+        # so a gradient that is a view (a linear layer's weight gradient, ``mm(...).t()``) is summed
+        # out of place, into a new tensor (measured: the allocator's timeline shows the new block).
         return (isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.device.type == self.device_type
-                and a.shape == out.shape and a.dtype == out.dtype and is_non_overlapping_and_dense_or_false(a)
+                and not a._is_view() and a.shape == out.shape and a.dtype == out.dtype and is_non_overlapping_and_dense_or_false(a)
                 and a.untyped_storage().nbytes() == out.untyped_storage().nbytes())
 
     def accumulate_in_place(self) -> None:
@@ -322,12 +378,64 @@ class _Recorder(TorchDispatchMode):
             if str(d) in timeline.marks:
                 self.b.scratch[i] = max(0, timeline.window(str(d)).peak - new_bytes)
 
+    def wrapped_bytes(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> int:
+        """Bytes of the Python numbers ``func`` was given where its schema wants a Tensor (``x + 1``,
+        ``x * 0.5``): on the CPU the caller wrapped each in a tensor of its own (``wrapped_scalar_tensor``,
+        8 bytes for an int or a float) *before* the op reached the dispatcher, which shows it to the
+        mode as the number again; it is freed after the op returns.  So it sits outside the op's
+        marks on the allocator's timeline but is alive while the op runs: part of the op's scratch.
+        (Measured: ``x + 1`` on the timeline is +8 before the op's mark, the output inside, -8 after.)
+        When autograd saves it (``x * 0.5`` saves the 0.5 for the gradient of ``x``) it lives on
+        until its node is released in backward: that part is not modelled.  On cuda the wrapped
+        number stays on the host and takes no device memory."""
+        if self.device_type != "cpu":
+            return 0
+        slots = self.tensor_slots.get(func)
+        if slots is None:
+            slots = self.tensor_slots[func] = _tensor_slots(func)
+        schema = func._schema.arguments
+        total = 0
+        for i in slots:
+            x = args[i] if i < len(args) else kwargs.get(schema[i].name)
+            if x is not None and not isinstance(x, torch.Tensor):
+                total += _WRAPPED_BYTES.get(type(x), 0)
+        return total
+
+    def fold_constants(self) -> None:
+        """A constant lift_fresh made during the iteration and freed by the op that reads it (``x[..., 0]
+        = 3`` in T5's ``_shift_right``: an 8-byte int64 tensor filled into ``x``, dropped right after)
+        lives from just before that op to its end: the op's scratch.  Counted as existing before the
+        iteration, it was in ``initial_bytes`` though the iteration allocates it (measured: unplanned T5
+        12 bytes over its trace, 8 of them this).  The tensor stays in the trace, read by the op (the
+        runtime checks an op's reads against the trace), with no bytes of its own."""
+        b = self.b
+        readers: dict[int, list[int]] = {}
+        wanted = set(self.constants)
+        for kind, op, t in b.events:
+            if t in wanted and kind != EventKind.FREE:
+                readers.setdefault(t, []).append(op)
+        for t in self.constants:
+            ops = set(readers.get(t, ()))
+            if len(ops) != 1 or b.t_saved[t] >= 0:
+                continue
+            (op,) = ops
+            if b.t_free[t] != op or b.t_alloc[t] != -1:
+                continue
+            self.extra_scratch[op] = self.extra_scratch.get(op, 0) + b.t_nbytes[t]
+            b.t_nbytes[t] = 0
+
+    def finish_scratch(self) -> None:
+        """Add to every op's scratch the bytes alive during it that no tensor of the trace holds."""
+        for i, extra in self.extra_scratch.items():
+            self.b.scratch[i] += extra
+
     # -------------------------------------------------- saved-tensor hooks
     def pack(self, t: torch.Tensor) -> "_Saved | torch.Tensor":
         if t.device.type != self.device_type:
             return t
         tid = self.tid_of(t)
-        self.b.mark_saved(tid)
+        # what the pack held, for the runtime's check of a live iteration at the same pack
+        self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         holder = _Saved(t)
         self.holders[tid] += 1
         weakref.finalize(holder, self.release, tid, t.untyped_storage()._cdata)
@@ -383,7 +491,11 @@ class _Saved:
     __slots__ = ("tensor", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+        # An alias of the same storage, made where the recorder does not see it: holding the
+        # tensor object itself would keep it alive, and its death is how the recorder learns when
+        # every holder outside autograd has let the storage go (:meth:`_Recorder.release_held`).
+        with torch._C._DisableTorchDispatch():
+            self.tensor = tensor.detach()
 
 
 def _make_optimizer(optimizer: OptimizerArg, model: torch.nn.Module) -> torch.optim.Optimizer | None:
@@ -431,7 +543,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
 def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | None = None,
                  optimizer: OptimizerArg = None, *, device: str | torch.device | None = None,
                  profile: str | DeviceProfile | None = None, iterations: int = 5,
-                 meta: dict[str, Any] | None = None, kernels: str = "cuda") -> Trace:
+                 meta: dict[str, Any] | None = None, kernels: str = "cuda", inputs: str = "held") -> Trace:
     """Record one training iteration of ``model`` as a :class:`~dqn_swap.trace.Trace`.
 
     Args:
@@ -452,6 +564,11 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         kernels: on ``meta``, whose kernels' scratch memory to estimate: ``"cuda"``
             (the default; what the device profiles stand for) or ``"cpu"``
             (:func:`dqn_swap.ops.estimate_scratch`).
+        inputs: ``"held"`` (the default: the training loop keeps its batch through the
+            iteration, as ``for x, y in loader`` does, so no plan may count on moving it) or
+            ``"released"`` (the loop hands the batch to the model and keeps no reference until
+            backward is over, as in the papers, where the runtime owns the batch: a plan may then
+            swap an input autograd saves, :attr:`Trace.movable`).
 
     Returns:
         The trace of the last recorded iteration.
@@ -462,6 +579,8 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     reason = unsupported_reason(model)
     if reason is not None:
         raise RecordingError(reason)
+    if inputs not in ("held", "released"):
+        raise RecordingError(f"unknown inputs {inputs!r}: 'held' or 'released'")
     if kernels not in SCRATCH_MODELS:
         raise RecordingError(f"unknown kernels {kernels!r}: one of {', '.join(SCRATCH_MODELS)}")
     params = list(model.parameters()) + list(model.buffers())
@@ -513,21 +632,20 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             raise
         except Exception as e:
             raise RecordingError(f"the model failed while recording: {type(e).__name__}: {e}") from e
-        _assign_roles(recorder, model, opt)
-        recorder.accumulate_in_place()
+        _end_iteration(recorder, model, opt)
         if time_ops:
             torch.cuda.synchronize()  # events must have completed before reading them
             durations.append(np.array([s.elapsed_time(e) * 1e-3 for s, e in recorder.events]))
     recorder.active = False  # tensors dying after the iteration are not part of it
     assert recorder is not None
-    if isinstance(timeline, AllocatorTimeline):
-        recorder.scratch_from(timeline)
+    _end_scratch(recorder, timeline if isinstance(timeline, AllocatorTimeline) else None)
     b = recorder.b
     record_seconds = time.perf_counter() - t0
     trace_meta = {"device": device.type, "profile": profile.name, "profile_params": profile.to_dict(),
                   "recorded_iterations": runs, "scratch": "estimated" if device.type == "meta" else "measured",
                   **({"scratch_kernels": kernels} if device.type == "meta" else {}),
-                  "record_seconds": record_seconds, "torch": torch.__version__, **(meta or {})}
+                  "record_seconds": record_seconds, "torch": torch.__version__,
+                  **({"inputs_released": True} if inputs == "released" else {}), **(meta or {})}
     if recorder.unannotated:
         trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
     try:
@@ -562,6 +680,23 @@ def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.opti
                 recorder.tid_of(t, Role.OPTIMIZER_STATE)
     for t in recorder.on_device(inputs):
         recorder.tid_of(t, Role.INPUT)
+
+
+def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
+    """What is known once the recorded iteration is over (its recorder still active): tensors still
+    held, constants folded into the ops that read them, roles, gradient sums made in place.  One
+    place for :func:`record_trace` and the recording in the user's loop (:mod:`dqn_swap.user_loop`)."""
+    recorder.mark_still_held()
+    recorder.fold_constants()
+    _assign_roles(recorder, model, opt)
+    recorder.accumulate_in_place()
+
+
+def _end_scratch(recorder: _Recorder, timeline: AllocatorTimeline | None) -> None:
+    """Every op's scratch, once the recorder is inactive: the cpu's from the allocator's timeline."""
+    if timeline is not None:
+        recorder.scratch_from(timeline)
+    recorder.finish_scratch()
 
 
 def _assign_roles(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:

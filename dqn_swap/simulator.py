@@ -390,6 +390,10 @@ class Simulator:
         self._nbytes = nbytes.tolist()
         self._alloc = alloc.tolist()
         self._free = free.tolist()
+        # Where a holder outside autograd keeps a tensor past its action, the action frees it only
+        # when that holder lets it go (Trace.leave_op): its swap-out starts, and its removal takes
+        # effect, after that op.
+        self._held = trace.held_op.tolist()
         self._mal = mal.tolist()
         self._scr = trace.op_scratch.astype(np.int64).tolist()
         self._fre = fre.tolist()
@@ -556,6 +560,8 @@ class Simulator:
                 continue
             seen.add(t)
             i = ev_op[e]
+            if self._held[t] > i:
+                i = self._held[t]
             (removed if k else swapped)[t] = (i, ev_next[e])
             issues.setdefault(i, []).append((t, not k))
 

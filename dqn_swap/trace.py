@@ -42,7 +42,9 @@ code.  It holds the column arrays named in :data:`_ARRAYS` and ``meta``, a
 UTF-8 JSON document (format, version, op and module name tables, recording
 details).  Version 1 files (without ``op_scratch``, ``saved_op`` and
 ``module_call_op``) are read with no scratch and no anchors; any other version
-is refused.
+is refused.  ``saved_dtype``, ``saved_ndim`` and ``saved_dims`` (each pack's dtype
+and shape, for the runtime's check of a live iteration) are optional within
+version 2: files without them load, and the runtime then checks storage sizes only.
 """
 
 from __future__ import annotations
@@ -130,7 +132,25 @@ _OPTIONAL: dict[str, tuple[np.dtype, int, str]] = {
     "op_scratch": (np.dtype(np.int64), 0, "op_"),
     "saved_op": (np.dtype(np.int32), -1, "saved"),
     "module_call_op": (np.dtype(np.int32), -1, ""),  # its own length (empty when unknown)
+    # Per tensor, the op at whose end the last holder outside autograd let it go (n_ops: held to
+    # the end), -1: unknown (older files) or never held; :attr:`Trace.movable`.
+    "tensor_held_op": (np.dtype(np.int32), -1, "tensor_"),
+    # What every pack held (its dtype, :data:`SAVED_DTYPES` code, and its shape: ``saved_ndim``
+    # dimensions per pack, flattened into ``saved_dims``), so that the runtime can check a live
+    # iteration against the trace at every pack.  -1: unknown (older files; the runtime then
+    # checks storage sizes only).  They describe the same memory operations, so they do not
+    # enter the fingerprint.
+    "saved_dtype": (np.dtype(np.int8), -1, "saved"),
+    "saved_ndim": (np.dtype(np.int16), -1, "saved"),
+    "saved_dims": (np.dtype(np.int64), -1, ""),  # its own length: the sum of the known saved_ndim
 }
+_UNHASHED = frozenset({"saved_dtype", "saved_ndim", "saved_dims"})
+
+#: dtype names (``str(torch dtype)`` without ``torch.``) by their ``saved_dtype`` code; append only.
+SAVED_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex32", "complex64", "complex128", "uint8",
+                "int8", "int16", "int32", "int64", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                "float8_e5m2fnuz", "uint16", "uint32", "uint64", "qint8", "quint8", "qint32", "quint4x2")
+_DTYPE_CODE = {name: i for i, name in enumerate(SAVED_DTYPES)}
 
 
 @dataclass(eq=False)
@@ -155,6 +175,10 @@ class Trace:
     op_scratch: np.ndarray | None = None
     saved_op: np.ndarray | None = None
     module_call_op: np.ndarray | None = None
+    tensor_held_op: np.ndarray | None = None
+    saved_dtype: np.ndarray | None = None
+    saved_ndim: np.ndarray | None = None
+    saved_dims: np.ndarray | None = None
     op_names: list[str] = field(default_factory=list)
     module_names: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -163,8 +187,11 @@ class Trace:
         for name, dtype in _ARRAYS.items():
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
         for name, (dtype, missing, rows) in _OPTIONAL.items():
-            n = len(self.op_name) if rows == "op_" else len(self.saved) if rows == "saved" else 0
+            n = (len(self.op_name) if rows == "op_" else len(self.saved) if rows == "saved"
+                 else len(self.tensor_nbytes) if rows == "tensor_" else 0)
             value = getattr(self, name)
+            if value is None and name == "saved_dims":
+                value = np.zeros(0, dtype=dtype)  # no known shapes: no dimensions
             value = np.full(n, missing, dtype=dtype) if value is None else value
             setattr(self, name, np.ascontiguousarray(value, dtype=dtype))
 
@@ -264,7 +291,10 @@ class Trace:
         an input that autograd saves for backward.
 
         The input batch is held by the training loop, not by autograd, so freeing autograd's
-        reference frees nothing; the runtime instead copies the input out and empties its
+        reference frees nothing.  Most loops keep holding it (the loop variable, a batch dict):
+        then no plan may count on moving it.  A loop that hands the batch over (recorded with
+        ``record_trace(..., inputs="released")``, as in the papers, where the runtime owns the
+        batch) lets the runtime copy the input out and empty its
         storage until the copy back (:mod:`dqn_swap.runtime.swap`, "borrowed storages"), and the
         caller's tensor holds the same bytes again after backward.  Only swapping applies to it:
         nothing recomputes what existed before the iteration.  (The window paper keeps inputs
@@ -272,6 +302,17 @@ class Trace:
         minimum and 16 GiB.)
         """
         movable = np.isin(self.tensor_role, MOVABLE_ROLES)
+        # A saved activation something outside autograd still holds after its last forward use (a
+        # local of a function still running, a module attribute, autocast's cache of weight casts:
+        # ``tensor_held_op``) stays where it is whatever the runtime does with autograd's reference,
+        # until that holder lets it go (:attr:`action_window`); one held until its next use cannot
+        # leave at all (a copy brought back would be a second one).
+        movable &= ~(self.tensor_held_op >= self._first_use_after_forward)
+        if not self.meta.get("inputs_released"):
+            # The usual loop holds its batch through the iteration (``for x, y in loader``, a
+            # Hugging Face ``batch`` dict, :func:`dqn_swap.autoplan`): moving it would free nothing.
+            # Only a trace recorded with ``inputs="released"`` says that the loop hands it over.
+            return movable
         first_pack = self.tensor_saved_index
         inputs = np.flatnonzero((self.tensor_role == Role.INPUT) & (first_pack >= 0))
         if not len(inputs) or not len(self.saved) or self.saved_op[0] < 0:
@@ -310,20 +351,50 @@ class Trace:
         after that (in backward).  Both are ``-1`` for a tensor no plan can move
         (another role, no forward use, or never used again).
         """
-        n_t = self.n_tensors
-        action = np.full(n_t, -1, dtype=np.int64)
-        ret = np.full(n_t, -1, dtype=np.int64)
+        action = self._last_forward_use
+        ret = self._first_use_after_forward
+        movable = self.movable & (action >= 0) & (ret >= 0)
+        return np.where(movable, action, -1), np.where(movable, ret, -1)
+
+    @cached_property
+    def _first_use_after_forward(self) -> np.ndarray:
+        """Per tensor, its first use after its last forward use (-1: none)."""
+        ret = np.full(self.n_tensors, -1, dtype=np.int64)
         use = self.event_kind != EventKind.FREE
-        action[:] = self._last_forward_use
-        # First use after the last forward use: uses sorted by (tensor, op), the next one per tensor.
+        action = self._last_forward_use
+        # Uses sorted by (tensor, op), the next one per tensor.
         t, op = self.event_tensor[use].astype(np.int64), self.event_op[use].astype(np.int64)
         order = np.lexsort((op, t))
         t, op = t[order], op[order]
         after = op > action[t]
         first = np.flatnonzero(after & np.concatenate([[True], ~(after[:-1] & (t[1:] == t[:-1]))]))
         ret[t[first]] = op[first]
-        movable = self.movable & (action >= 0) & (ret >= 0)
-        return np.where(movable, action, -1), np.where(movable, ret, -1)
+        return ret
+
+    @cached_property
+    def held_op(self) -> np.ndarray:
+        """Per tensor, the op until which something outside autograd holds it (``tensor_held_op``,
+        -1: nothing does); in a trace recorded with ``inputs="released"``, an input until the last
+        forward op at least: the model call holds its arguments until it returns, and the runtime
+        empties a handed-over batch once it knows the call is over, at the latest when backward
+        begins (:mod:`dqn_swap.runtime.swap`)."""
+        held = self.tensor_held_op.astype(np.int64)
+        if self.meta.get("inputs_released") and self.n_ops:
+            forward = np.flatnonzero(self.op_phase == Phase.FORWARD)
+            last = int(forward[-1]) if len(forward) else -1
+            inputs = self.tensor_role == Role.INPUT
+            held = held.copy()
+            held[inputs] = np.maximum(held[inputs], last)
+        return held
+
+    @cached_property
+    def leave_op(self) -> np.ndarray:
+        """Per tensor, the op after which a plan's action on it frees its memory: its action op
+        (:attr:`action_window`), or later where a holder outside autograd keeps it until then
+        (:attr:`held_op`: the runtime drops autograd's reference, the storage goes when that
+        holder lets it go).  -1 for a tensor no plan can move."""
+        action, _ = self.action_window
+        return np.where(action >= 0, np.maximum(action, self.held_op), -1)
 
     @cached_property
     def minimum_memory_per_op(self) -> np.ndarray:
@@ -331,7 +402,8 @@ class Trace:
         (:attr:`minimum_memory` is their largest)."""
         if self.n_ops == 0:
             return np.zeros(0, dtype=np.int64)
-        action, ret = self.action_window
+        _, ret = self.action_window
+        action = self.leave_op
         gap = np.flatnonzero(ret > action + 1)  # an op runs while the tensor is away
         away = np.zeros(self.n_ops + 1, dtype=np.int64)
         size = self.tensor_nbytes[gap]
@@ -374,11 +446,26 @@ class Trace:
             h.update(getattr(self, name).tobytes())
         for name, (_, missing, _) in _OPTIONAL.items():
             value = getattr(self, name)
+            if name in _UNHASHED:
+                continue
             if len(value) and np.any(value != missing):  # absent (version 1) and "unknown" hash alike
                 h.update(name.encode())
                 h.update(value.tobytes())
         h.update(json.dumps([self.op_names, self.module_names]).encode())
         return h.hexdigest()[:16]
+
+    @cached_property
+    def saved_signatures(self) -> list[tuple[str | None, tuple[int, ...] | None]]:
+        """Per pack, the dtype name and shape of the tensor autograd saved (``None`` where the
+        trace does not know them: files written before these columns existed)."""
+        ends = np.cumsum(np.maximum(self.saved_ndim, 0))
+        dims = self.saved_dims.tolist()
+        out: list[tuple[str | None, tuple[int, ...] | None]] = []
+        for k, (code, ndim) in enumerate(zip(self.saved_dtype.tolist(), self.saved_ndim.tolist())):
+            name = SAVED_DTYPES[code] if 0 <= code < len(SAVED_DTYPES) else None
+            shape = tuple(dims[ends[k] - ndim:ends[k]]) if ndim >= 0 else None
+            out.append((name, shape))
+        return out
 
     def op_label(self, op: int) -> str:
         """Human-readable name of an op, e.g. ``#12 aten.convolution (layer1.0.conv1, forward)``."""
@@ -470,8 +557,22 @@ class Trace:
                     raise bad(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
         if len(self.saved_op) != len(self.saved):
             raise bad(f"column saved_op has {len(self.saved_op)} rows, expected {len(self.saved)}")
+        for name in ("saved_dtype", "saved_ndim"):
+            if len(getattr(self, name)) != len(self.saved):
+                raise bad(f"column {name} has {len(getattr(self, name))} rows, expected {len(self.saved)}")
+        if len(self.saved) and (self.saved_dtype.min() < -1 or self.saved_dtype.max() >= len(SAVED_DTYPES)):
+            raise bad("unknown dtype code in column saved_dtype")
+        if len(self.saved) and (self.saved_ndim.min() < -1 or self.saved_ndim.max() > 64):
+            raise bad("a saved tensor's number of dimensions (saved_ndim) is out of range")
+        n_dims = int(np.maximum(self.saved_ndim, 0).sum()) if len(self.saved) else 0
+        if len(self.saved_dims) != n_dims:
+            raise bad(f"column saved_dims has {len(self.saved_dims)} rows, expected {n_dims} (the sum of saved_ndim)")
+        if n_dims and self.saved_dims.min() < 0:
+            raise bad("negative dimension in column saved_dims")
         if np.any(self.op_scratch < 0):
             raise bad("negative scratch bytes")
+        if n_t and (self.tensor_held_op.min() < -1 or self.tensor_held_op.max() > n_ops):
+            raise bad("tensor_held_op refers to an op out of range")
         for name in ("saved_op", "module_call_op"):
             anchors = getattr(self, name)
             if len(anchors) and (np.any(np.diff(anchors) < 0) or anchors.max() > n_ops or anchors.min() < -1):
@@ -582,9 +683,13 @@ class TraceBuilder:
         self.t_alloc: list[int] = []
         self.t_free: list[int] = []
         self.t_saved: list[int] = []
+        self.t_held: list[int] = []  # op at whose end the last holder outside autograd let go (-1: none)
         self.events: list[tuple[int, int, int]] = []
         self.saved: list[int] = []
         self.saved_op: list[int] = []
+        self.saved_dtype: list[int] = []
+        self.saved_ndim: list[int] = []
+        self.saved_dims: list[int] = []
         self.module_call_op: list[int] = []
         self._pending_free: list[int] = []
         self._merged: dict[int, tuple[int, int]] = {}  # tensor -> (op, tensor it became): write_in_place
@@ -596,6 +701,7 @@ class TraceBuilder:
         self.t_alloc.append(-1 if preexisting else -2)  # -2: not yet allocated
         self.t_free.append(-1)
         self.t_saved.append(-1)
+        self.t_held.append(-1)
         return len(self.t_nbytes) - 1
 
     def op(self, name: str, phase: Phase, *, reads: "list[int] | tuple[int, ...]" = (),
@@ -638,13 +744,26 @@ class TraceBuilder:
             self.events.append((EventKind.FREE, i, t))
         self._pending_free.clear()
 
-    def mark_saved(self, t: int) -> int:
-        """Record that autograd packed ``t`` (after the ops so far); returns its packing index."""
+    def mark_saved(self, t: int, shape: "tuple[int, ...] | None" = None, dtype: str | None = None) -> int:
+        """Record that autograd packed ``t`` (after the ops so far); returns its packing index.
+        ``shape`` and ``dtype`` (a name such as ``float32``): what the packed tensor was, for the
+        runtime's check of a live iteration (``Trace.saved_signatures``)."""
         self.saved.append(t)
         self.saved_op.append(len(self.ops))
+        self.saved_dtype.append(_DTYPE_CODE.get(dtype, -1) if dtype is not None else -1)
+        if shape is None:
+            self.saved_ndim.append(-1)
+        else:
+            self.saved_ndim.append(len(shape))
+            self.saved_dims.extend(int(d) for d in shape)
         if self.t_saved[t] < 0:
             self.t_saved[t] = len(self.saved) - 1
         return len(self.saved) - 1
+
+    def held_until(self, t: int, op: int) -> None:
+        """Record that the last holder of ``t`` outside autograd let it go at the end of op ``op``
+        (``len(ops)``: it is still held when the iteration ends)."""
+        self.t_held[t] = int(op)
 
     def mark_module_call(self) -> None:
         """Record that a module's forward begins (after the ops so far)."""
@@ -689,7 +808,7 @@ class TraceBuilder:
             events.append((kind, i, new_id[named]))
         self.events = events
         self.saved = [new_id[into_of.get(t, t)] for t in self.saved]
-        for name in ("t_nbytes", "t_role", "t_alloc", "t_free", "t_saved"):
+        for name in ("t_nbytes", "t_role", "t_alloc", "t_free", "t_saved", "t_held"):
             column = getattr(self, name)
             setattr(self, name, [column[t] for t in keep])
         self._merged.clear()
@@ -706,9 +825,10 @@ class TraceBuilder:
             op_name=ops[:, 0], op_phase=ops[:, 1], op_module=ops[:, 2], op_flops=ops[:, 3],
             op_bytes=ops[:, 4], op_duration=ops[:, 5],
             tensor_nbytes=self.t_nbytes, tensor_role=self.t_role, tensor_alloc_op=alloc,
-            tensor_free_op=self.t_free, tensor_saved_index=self.t_saved,
+            tensor_free_op=self.t_free, tensor_saved_index=self.t_saved, tensor_held_op=self.t_held,
             event_kind=ev[:, 0], event_op=ev[:, 1], event_tensor=ev[:, 2], saved=self.saved,
-            op_scratch=self.scratch, saved_op=self.saved_op, module_call_op=self.module_call_op, op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
+            op_scratch=self.scratch, saved_op=self.saved_op, saved_dtype=self.saved_dtype, saved_ndim=self.saved_ndim,
+            saved_dims=self.saved_dims, module_call_op=self.module_call_op, op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
         )
         trace.validate("built trace")
         return trace

@@ -35,4 +35,4 @@ def tiny_resnet_trace():
 
     w = build_workload("resnet_tiny", 4, "meta")
     return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
-                        meta={"model": "resnet_tiny", "batch_size": 4})
+                        inputs="released", meta={"model": "resnet_tiny", "batch_size": 4})

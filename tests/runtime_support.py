@@ -8,6 +8,7 @@ and a buffer read in forward and updated in place later in the same forward pass
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -143,6 +144,19 @@ def trace_of(name: str) -> Trace:
     return record_trace(w.model, w.inputs, w.loss_fn, w.make_optimizer, device="cpu", meta={"model": name})
 
 
+#: ``record_trace(..., inputs="released")`` where the recorder has it: a trace whose plans may swap
+#: the inputs (the loop says it hands its batch over); older recorders allowed that by default.
+RELEASED = {"inputs": "released"} if "inputs" in inspect.signature(record_trace).parameters else {}
+
+
+@lru_cache(maxsize=None)
+def released_trace_of(name: str) -> Trace:
+    """:func:`trace_of` recorded as from a loop that hands its batch over: plans may swap inputs."""
+    w = MODELS[name]()
+    return record_trace(w.model, w.inputs, w.loss_fn, w.make_optimizer, device="cpu", meta={"model": name},
+                        **RELEASED)
+
+
 @dataclass
 class Trained:
     """What a few steps of training leave: everything a run must reproduce."""
@@ -154,11 +168,17 @@ class Trained:
     runtime: PlannedExecution | None
 
 
-def train(name: str, plan: Plan | None = None, steps: int = STEPS, **runtime_kwargs: Any) -> Trained:
-    """``steps`` steps of ``name`` from the same initial state, planned (``plan``) or not."""
+def train(name: str, plan: Plan | None = None, steps: int = STEPS, hand_over: bool = False,
+          trace: Trace | None = None, **runtime_kwargs: Any) -> Trained:
+    """``steps`` steps of ``name`` from the same initial state, planned (``plan``) or not.
+
+    ``hand_over``: every step passes the model a fresh copy of the batch that nothing else holds
+    (the loader's way), so the runtime may empty a swapped input during the iteration; otherwise
+    the loop holds its batch and a swapped input stays (``HeldInputWarning``)."""
     w = MODELS[name]()
     opt = w.make_optimizer(w.model.parameters())
-    rt = PlannedExecution(w.model, plan, trace_of(name), **runtime_kwargs) if plan is not None else None
+    trace = trace if trace is not None else trace_of(name)
+    rt = PlannedExecution(w.model, plan, trace, **runtime_kwargs) if plan is not None else None
     torch.manual_seed(1234)  # dropout draws the same masks in every run
     losses = []
     for _ in range(steps):
@@ -168,7 +188,10 @@ def train(name: str, plan: Plan | None = None, steps: int = STEPS, **runtime_kwa
             loss.backward()
         else:
             with rt:
-                loss = w.loss_fn(w.model(*w.inputs))
+                if hand_over:
+                    loss = w.loss_fn(w.model(*[x.clone() for x in w.inputs]))
+                else:
+                    loss = w.loss_fn(w.model(*w.inputs))
                 loss.backward()
         opt.step()
         losses.append(loss.detach().clone())
@@ -228,5 +251,5 @@ def hand_plan(name: str, kind: str) -> Plan:
         return make_plan(trace, swap=acts, planner="swap-all")
     if kind == "recompute":
         return make_plan(trace, recompute=rec, planner="recompute-all")
-    removed = set(rec[1::2])
+    removed = set(rec[1::2]) or set(rec[:1])  # every other one; the only one where there is one
     return make_plan(trace, swap=[t for t in acts if t not in removed], recompute=sorted(removed), planner="mixed")

@@ -15,13 +15,17 @@ import numpy as np
 import pytest
 import torch
 
+from torch.multiprocessing.reductions import StorageWeakRef
+
 from dqn_swap.plan import Action, ActionKind, Plan, PlanError, RecomputeStep, Schedule
 from dqn_swap.runtime import (PlannedExecution, PlannedOutOfMemoryError, RecomputeError, TraceMismatchError,
                               build_index, make_plan, recomputable_activations, saved_activations)
+from dqn_swap.runtime.execution import HeldInputWarning
 from dqn_swap.simulator import simulate
 from dqn_swap.trace import resolve_memory_limit
 
-from .runtime_support import MODELS, STEPS, assert_same_training, hand_plan, trace_of, train
+from .runtime_support import (MODELS, STEPS, assert_same_training, hand_plan, released_trace_of, trace_of,
+                              train)
 
 # Plans of the papers' planners at 30 % (swap-only, recompute-only, mixed), beside hand-made ones.
 PLANNERS = {"greedy": "swap", "checkpoint": "recompute", "lru": "mixed", "dqn": "any"}
@@ -45,12 +49,16 @@ def test_hand_plans_reproduce_unplanned_training(name: str, kind: str) -> None:
     assert_same_training(name, got)
     stats = got.runtime.stats
     assert stats is not None
-    # every pack counted, or the hooks came off after the last one the plan concerns
-    assert stats.packed == stats.expected_packs or stats.packed == stats.hooks_off_after + 1
+    assert stats.packed == stats.expected_packs  # every pack counted (and checked)
     if kind in ("swap", "mixed"):
-        assert stats.swapped == plan.n_swap and stats.held_bytes == 0  # everything handed back
+        # the loop holds its batch and labels: swapped inputs stay (HeldInputWarning), and from the
+        # second iteration on their copy is skipped
+        assert stats.swapped + stats.held_inputs_skipped == plan.n_swap and stats.held_bytes == 0
         swapped = {a.tensor for a in plan.actions if a.kind == ActionKind.SWAP}
-        assert stats.borrowed_inputs == sum(trace_of(name).tensor_alloc_op[t] < 0 for t in swapped)
+        n_inputs = sum(trace_of(name).tensor_alloc_op[t] < 0 for t in swapped)
+        assert stats.borrowed_inputs + stats.held_inputs_skipped == n_inputs
+        # (one prefetched back before the loop could have let go of it is not reported)
+        assert got.runtime.held_inputs <= {t for t in swapped if trace_of(name).tensor_alloc_op[t] < 0}
     if kind in ("recompute", "mixed"):
         assert stats.recompute_removed == plan.n_recompute and stats.recomputed == plan.n_recompute
 
@@ -67,7 +75,8 @@ def test_planner_plans_reproduce_unplanned_training(name: str, planner: str) -> 
         assert plan.n_swap and not plan.n_recompute
     elif expected == "recompute":
         assert plan.n_recompute and not plan.n_swap
-    assert_same_training(name, train(name, plan))
+    # exactness, not memory: some of these plans are infeasible at 30 % (refused unless asked for)
+    assert_same_training(name, train(name, plan, allow_infeasible=True))
 
 
 def test_the_planners_cover_every_kind_of_plan() -> None:
@@ -132,7 +141,8 @@ def test_dropout_masks_are_drawn_again_exactly() -> None:
     random_made = [t for t in recomputable_activations(trace)
                    if trace.op_names[trace.op_name[trace.tensor_alloc_op[t]]] == "aten.native_dropout"]
     assert random_made
-    got = train(name, make_plan(trace, recompute=random_made))
+    # exactness: at the unplanned peak as its limit the re-runs do not fit (the plan is infeasible)
+    got = train(name, make_plan(trace, recompute=random_made), allow_infeasible=True)
     assert_same_training(name, got)
     assert got.runtime.stats.recomputed == len(random_made)
 
@@ -193,21 +203,20 @@ def test_removed_activations_are_released_after_forward(kind: str) -> None:
     w = MODELS[name]()
     rt = PlannedExecution(w.model, plan, trace, track_storages=True, prefetch=False)
     with rt:
-        loss = w.loss_fn(w.model(*w.inputs))
+        loss = w.loss_fn(w.model(*[x.clone() for x in w.inputs]))  # the batch handed over (not the labels)
         it = rt._it
         assert it is not None
         refs = it.stats.source_refs
         assert len(refs) == len(acts)
         alive = [r for r in refs if not r.expired()]
-        # Swapped inputs (the batch, the labels) stay referenced by the caller: their storages are
-        # emptied instead, once the op that saved them has run -- at the next pack, so an input the
-        # last forward op saves (the labels of the loss) is emptied when backward begins.
+        # Swapped inputs (the batch, the labels) keep their storages: the batch, handed over, is
+        # emptied once the op that saved it has run and the model let go of it (at the next pack);
+        # the labels, which the loss function holds, are never emptied.
         inputs = [t for t in acts if trace.tensor_alloc_op[t] < 0]
         assert len(alive) == len(inputs), f"{len(alive)} of {len(refs)} removed activations are still allocated"
         left = sum(torch.UntypedStorage._new_with_weak_ptr(r.cdata).nbytes() for r in alive)
-        last_op = trace.saved_op[-1]
-        assert left == sum(int(trace.tensor_nbytes[t]) for t in inputs
-                           if trace.saved_op[trace.tensor_saved_index[t]] == last_op)
+        # the batch (the stem saves it first) is empty; the labels keep their bytes
+        assert left == sum(int(trace.tensor_nbytes[t]) for t in inputs if trace.tensor_saved_index[t] != 0)
         assert rt.swapper.held_bytes == 0
         loss.backward()
     removed = rt.stats.swapped_bytes if kind == "swap" else rt.stats.recompute_removed_bytes
@@ -218,7 +227,8 @@ def test_host_buffers_are_pooled_across_iterations() -> None:
     plan = hand_plan("resnet_tiny", "swap")
     got = train("resnet_tiny", plan)
     assert got.runtime.pool.allocations == plan.n_swap  # the first iteration allocates, later ones reuse
-    assert got.runtime.pool.reuses == (STEPS - 1) * plan.n_swap
+    held = len(got.runtime.held_inputs)  # inputs the loop holds: not copied after the first iteration
+    assert got.runtime.pool.reuses == (STEPS - 1) * (plan.n_swap - held)
 
 
 def test_an_empty_plan_leaves_every_tensor_to_autograd() -> None:
@@ -323,52 +333,81 @@ def test_simulated_plans_of_the_suite_are_feasible_where_the_runtime_is_tested()
 # --------------------------------------------------------------------------- swapped inputs
 def input_plan(name: str) -> tuple[Plan, int]:
     """A plan that swaps only the input batch (the largest input autograd saves)."""
-    trace = trace_of(name)
+    trace = released_trace_of(name)
     inputs = [t for t in saved_activations(trace) if trace.tensor_alloc_op[t] < 0]
     assert inputs, f"{name}: no input a plan may swap"
     batch = max(inputs, key=lambda t: int(trace.tensor_nbytes[t]))
     return make_plan(trace, swap=[batch], planner="swap-input"), batch
 
 
+def storage_of(ref: StorageWeakRef) -> torch.UntypedStorage:
+    return torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+
+
 def test_a_swapped_input_is_emptied_after_its_op_and_whole_again_after_backward() -> None:
+    """The loop hands its batch over (nothing but the iteration holds it): the runtime empties it once
+    the stem's convolution ran and the model let go of it, and backward refills it."""
     name = "resnet_tiny"
     plan, batch = input_plan(name)
-    trace = trace_of(name)
+    trace = released_trace_of(name)
+    w = MODELS[name]()
+    before = w.inputs[0].clone()
+    holder = [before.clone()]
+    ref = StorageWeakRef(holder[0].untyped_storage())
+    rt = PlannedExecution(w.model, plan, trace, prefetch=False)
+    with rt:
+        out = w.model(holder.pop())
+        loss = w.loss_fn(out)  # the loss's first pack: the model's ops have run, nothing holds the batch
+        storage = storage_of(ref)  # taken once emptied: a reference from here on does not stop that
+        assert storage.nbytes() == 0  # no bytes until backward reads it
+        loss.backward()
+    assert storage.nbytes() == int(trace.tensor_nbytes[batch])
+    assert torch.equal(torch.empty(0).set_(storage, 0, before.shape, before.stride()), before)
+    assert rt.stats.borrowed_inputs == 1 and rt.stats.emptied_inputs == 1 and rt.stats.on_demand_fetches == 1
+
+
+def test_a_swapped_input_the_loop_holds_stays_whole() -> None:
+    """The loop holds its batch and reads it between forward and backward: it is never emptied."""
+    name = "resnet_tiny"
+    plan, batch = input_plan(name)
+    trace = released_trace_of(name)
     w = MODELS[name]()
     x = w.inputs[0]
     before = x.clone()
     rt = PlannedExecution(w.model, plan, trace, prefetch=False)
-    with rt:
-        out = w.model(x)
-        # the stem's convolution saved it and ran: the caller's tensor has no bytes until backward
-        assert x.untyped_storage().nbytes() == 0
-        loss = w.loss_fn(out)
-        loss.backward()
-    assert x.untyped_storage().nbytes() == int(trace.tensor_nbytes[batch])
+    with pytest.warns(HeldInputWarning, match="holds it between forward and backward"):
+        with rt:
+            loss = w.loss_fn(w.model(x))
+            assert x.untyped_storage().nbytes() == int(trace.tensor_nbytes[batch]) and torch.equal(x, before)
+            loss.backward()
     assert torch.equal(x, before)
-    assert rt.stats.borrowed_inputs == 1 and rt.stats.on_demand_fetches == 1
+    assert rt.stats.borrowed_inputs == 1 and rt.stats.emptied_inputs == 0 and rt.stats.held_inputs == 1
 
 
 def test_a_swapped_input_comes_back_when_the_graph_goes_without_backward() -> None:
     name = "resnet_tiny"
     plan, _ = input_plan(name)
     w = MODELS[name]()
-    x = w.inputs[0]
-    before = x.clone()
-    rt = PlannedExecution(w.model, plan, trace_of(name), prefetch=False)
+    before = w.inputs[0].clone()
+    holder = [before.clone()]
+    ref = StorageWeakRef(holder[0].untyped_storage())
+    rt = PlannedExecution(w.model, plan, released_trace_of(name), prefetch=False)
     with rt:
-        loss = w.loss_fn(w.model(x))
-    assert x.untyped_storage().nbytes() == 0  # the graph still holds its handle
+        loss = w.loss_fn(w.model(holder.pop()))
+    storage = storage_of(ref)  # taken once emptied: a reference from here on does not stop that
+    assert storage.nbytes() == 0  # the graph still holds its handle
     del loss  # no backward: autograd frees the graph, the runtime copies the batch back
-    assert torch.equal(x, before)
+    assert torch.equal(torch.empty(0).set_(storage, 0, before.shape, before.stride()), before)
 
 
 def test_plans_swapping_inputs_reproduce_training_with_the_batch_reused() -> None:
     name = "gpt_tiny"  # token ids (int64) saved by the embedding; the same batch every step
     plan, _ = input_plan(name)
-    got = train(name, plan)
+    got = train(name, plan, hand_over=True, trace=released_trace_of(name))
     assert_same_training(name, got)
-    assert got.runtime.stats.borrowed_inputs == 1
+    # handed over, so never reported held; the schedule prefetches it back within the forward pass,
+    # while the model's call still holds its argument, so it may never be emptied at all
+    assert got.runtime.stats.borrowed_inputs == 1 and not got.runtime.held_inputs
 
 
 def test_an_input_that_cannot_be_freed_is_refused_with_a_clear_error() -> None:
@@ -376,7 +415,7 @@ def test_an_input_that_cannot_be_freed_is_refused_with_a_clear_error() -> None:
     plan, _ = input_plan(name)
     w = MODELS[name]()
     x = torch.from_numpy(w.inputs[0].numpy().copy())  # memory owned by NumPy: not resizable
-    rt = PlannedExecution(w.model, plan, trace_of(name))
+    rt = PlannedExecution(w.model, plan, released_trace_of(name))
     with pytest.raises(Exception, match="cannot be freed"):
         with rt:
             w.loss_fn(w.model(x)).backward()

@@ -112,15 +112,18 @@ def test_a_dropped_graph_returns_a_swapped_input_only_after_its_copy_back() -> N
         torch.zeros(1) + 1  # the checker's first op is slow (a second); warm it up before the race
     batch = torch.arange(256, dtype=torch.float32)
     expected = batch.clone()
-    group = SwapGroup(swapper, tid=0, version=0, nbytes=batch.untyped_storage().nbytes())
+    storage = batch.untyped_storage()
+    del batch  # handed over: a storage the caller still holds a tensor on is never emptied
+    group = SwapGroup(swapper, tid=0, version=0, nbytes=storage.nbytes())
     group.remaining = 1  # backward would read it once
-    swapper.swap_out(group, batch.untyped_storage(), borrowed=True)
+    swapper.swap_out(group, storage, borrowed=True)
     group.d2h_event.synchronize()
     group.op_done = True
     swapper.poll()
-    assert group.emptied and batch.untyped_storage().nbytes() == 0
+    assert group.emptied and storage.nbytes() == 0
     swapper.fetch(group)  # the prefetch: refilled in place by a copy back that takes 0.2 s
     swapper.retire(group)  # the graph goes without backward
+    batch = torch.empty(0).set_(storage, 0, (256,), (1,))  # the caller's tensor on it again
     with backend.checking():
         again = batch * 1  # the training loop's next forward reads its batch
     assert backend.violations == []

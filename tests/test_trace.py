@@ -228,16 +228,20 @@ def _input_trace(module_call_before_f1: bool, *, second_use: bool = False):
     b.mark_saved(c)  # f1's output, packed after its kernel
     b.op("b2", Phase.BACKWARD, reads=[c, a], frees=[c])
     b.op("b3", Phase.BACKWARD, reads=[x, a], frees=[a])
-    return b.build(), x
+    return b.build({"inputs_released": True}), x
 
 
 def test_an_input_autograd_saves_may_be_swapped_when_the_runtime_can_free_it_in_time():
     t, x = _input_trace(module_call_before_f1=True)
     assert t.movable[x]
+    held = t.replace(meta={k: v for k, v in t.meta.items() if k != "inputs_released"})
+    assert not held.movable[x]  # by default the loop holds its batch: moving it would free nothing
     action, ret = t.action_window
     assert (action[x], ret[x]) == (0, 3)
-    # away during f1 and b2: the minimum no longer counts it there
-    assert t.minimum_memory == int(max(t.op_memory[0], t.op_memory[1] - 40, t.op_memory[2] - 40, t.op_memory[3]))
+    # the model call holds its arguments until it returns: the input leaves after the forward pass
+    # (f1), so it is away during b2 only, and the minimum no longer counts it there
+    assert list(t.leave_op[[x]]) == [1]
+    assert t.minimum_memory == int(max(t.op_memory[0], t.op_memory[1], t.op_memory[2] - 40, t.op_memory[3]))
     assert t.persistent_bytes == 0  # nothing else existed before the iteration
     # The runtime learns that f0 is over at the next module call or the next pack: with no module
     # call before f1, the next pack is f1's output, after f1's kernel ran with x resident.

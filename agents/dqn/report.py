@@ -26,6 +26,7 @@ def load_trace_spec(spec: str, profile: str = "v100-pcie3") -> Trace:
         return record_spec(sample(*parse_name(name)), batch_size=batch)
     w = build_workload(name, int(batch or 1), "meta")
     return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta", profile=profile,
+                        inputs="released",
                         meta={"model": name, "batch_size": int(batch or 1)})
 
 

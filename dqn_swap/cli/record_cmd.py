@@ -35,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"device profile for op and transfer times: {', '.join(PROFILES)} "
                         f"(default {DEFAULT_PROFILE}); 'measured' measures the local GPU")
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
+    p.add_argument("--inputs-released", action="store_true",
+                   help="the training loop hands the batch to the model and keeps no reference to it "
+                        "until backward is over (the runtime owns it, as in the papers): plans may then "
+                        "swap the input batch; by default the loop holds it and no plan counts on moving it")
     p.add_argument("-o", "--output", help="trace file to write (default MODEL-bBATCH.trace)")
     p.add_argument("--force", action="store_true", help="replace the output file if it exists")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -88,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(args.model, args.batch_size, args.device, args.seed)
     trace = record_trace(workload.model, workload.example_inputs, workload.loss_fn,
                          workload.make_optimizer, device=args.device, profile=profile,
+                         inputs="released" if args.inputs_released else "held",
                          meta={"model": args.model, "batch_size": args.batch_size, "seed": args.seed})
     trace.save(output, overwrite=args.force)
     summary = {"trace": str(output), **trace.summary()}

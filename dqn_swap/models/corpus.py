@@ -17,7 +17,7 @@ def record_spec(spec: NetworkSpec, *, batch_size: int | None = None, profile: st
 
     batch = batch_size or spec.batch_size
     w = build_workload(spec.name, batch, device="meta", seed=spec.seed)
-    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta", inputs="released",
                         profile=profile or spec.profile,
                         meta={"model": spec.name, "batch_size": batch, "family": spec.family, "split": spec.split,
                               "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.sizes}})

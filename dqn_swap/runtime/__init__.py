@@ -13,13 +13,15 @@ Modules: :mod:`.backend` (streams, events, copies of CUDA and the CPU),
 """
 
 from .backend import Backend, CudaBackend, HostBackend, backend_for
-from .execution import (IterationStats, PlannedExecution, PlannedOutOfMemoryError, UnsupportedTrainingError,
-                        enable_expandable_segments, prefetch_positions, refuse_unsupported)
+from .execution import (HeldInputWarning, InfeasiblePlanError, IterationStats, PlannedExecution,
+                        PlannedOutOfMemoryError, UnsupportedTrainingError, enable_expandable_segments,
+                        prefetch_positions, refuse_unsupported)
 from .index import PlanIndex, build_index, make_plan, recomputable_activations, saved_activations
 from .recompute import RecomputeError, TraceMismatchError
 from .swap import HostBufferPool
 
-__all__ = ["Backend", "CudaBackend", "HostBackend", "HostBufferPool", "IterationStats", "PlanIndex",
+__all__ = ["Backend", "CudaBackend", "HeldInputWarning", "HostBackend", "HostBufferPool", "InfeasiblePlanError",
+           "IterationStats", "PlanIndex",
            "PlannedExecution", "PlannedOutOfMemoryError", "RecomputeError", "TraceMismatchError",
            "UnsupportedTrainingError", "backend_for", "build_index", "enable_expandable_segments", "make_plan",
            "prefetch_positions", "recomputable_activations", "refuse_unsupported", "saved_activations"]

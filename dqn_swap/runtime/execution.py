@@ -21,20 +21,36 @@ How the live iteration is matched to the trace
 Autograd hands every tensor it saves for backward to the pack hook of
 :func:`torch.autograd.graph.saved_tensors_hooks`.  The recorder numbered those
 calls; the ``k``-th call of a live iteration therefore packs
-``trace.saved[k]``.  The tensors the plan acts on are checked against the
-trace (storage size rounded to 512 bytes; the same tensor id keeps the same
-storage), the number of packs at the end, and the names of the ops the
-dispatch mode numbers; a model that no longer matches its trace raises
-:class:`TraceMismatchError`.  Only tensors on the runtime's device count, as
-in the recorder.  A pack the plan does nothing with costs a list lookup: the
-tensor itself is handed back to autograd.
+``trace.saved[k]``.  Every pack is checked against what the recorder saw at
+that pack (shape, dtype and storage size: exact for a trace recorded on the CPU
+or ``meta``, in the allocator's 512-byte blocks for one recorded on CUDA;
+storage sizes only for trace files written before shapes were recorded; the
+same tensor id keeps the same storage), before the runtime acts on the tensor; so are the
+number of packs (a pack beyond the trace's count, e.g. a second forward pass
+in one block, at once; fewer at the block's end) and the names of the ops the
+dispatch mode numbers.  A model that no longer matches its trace (another
+head, another batch size, another model) raises :class:`TraceMismatchError`
+at the first difference, in one line.  The hooks therefore stay on for the
+whole block.  A plan without actions checks the first pack only (the batch,
+usually) and then takes its hooks off: checking every pack would cost it 3-5 %
+of a step, and a plan that does nothing cannot act on a wrong tensor.  Only
+tensors on the runtime's device count, as in the recorder.  A pack the plan
+does nothing with costs the check and a list lookup: the tensor itself is
+handed back to autograd.
+
+A plan the simulator found infeasible (``plan.figures["feasible"]`` false) is
+refused (:class:`InfeasiblePlanError`) unless ``allow_infeasible=True``.
 
 Swap (:mod:`.swap`)
 -------------------
 The pack hook copies the whole storage into a pooled host buffer on a side
 stream and returns a handle, so autograd no longer holds the device memory;
 the runtime keeps the device bytes until the copy has completed, and bounds
-the bytes in such copies at the most the simulator had.  Prefetches start, in
+the bytes in such copies at the most the simulator had.  A swapped input (the
+batch, the labels) is the caller's storage: it is emptied only while nothing
+outside autograd and the runtime holds it, so whatever the training loop reads
+between forward and backward is whole; one the loop holds frees nothing (one
+:class:`HeldInputWarning`; later iterations skip its copy).  Prefetches start, in
 the schedule's order, at the first pack or unpack at or after their op
 (progress through backward comes from the unpack hooks: every autograd node
 unpacks its saved tensors right before it runs); the head of the queue waits
@@ -73,7 +89,7 @@ from ..plan import Plan
 from ..support import COMPILED_STEP, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
 from .backend import Backend, backend_for
-from .index import NO_OP, PROGRESS, RECOMPUTE, SWAP, TRACK, PlanIndex, build_index, round_size
+from .index import NO_OP, PROGRESS, RECOMPUTE, SIZE_QUANTUM, SWAP, TRACK, PlanIndex, build_index
 from .recompute import OpRecorder, RecomputeError, RecordMode, TraceMismatchError, view_of
 from .swap import SwapGroup, Swapper
 
@@ -87,6 +103,23 @@ class PlannedOutOfMemoryError(torch.OutOfMemoryError):
 
 class UnsupportedTrainingError(RuntimeError):
     """The training setup is one the runtime cannot follow a plan in (the message says which and why)."""
+
+
+class InfeasiblePlanError(UnsupportedTrainingError):
+    """The plan's own figures say the simulator found it infeasible (``plan.figures["feasible"]`` false):
+    following it would not stay under its limit.  ``PlannedExecution(..., allow_infeasible=True)`` runs it."""
+
+
+class HeldInputWarning(UserWarning):
+    """A swapped input stayed held by the training loop through the forward pass: the runtime
+    left it on the device (nothing freed) and skips its copy in later iterations."""
+
+
+def _describe(dtype: Any, shape: tuple[int, ...] | None, nbytes: int | None) -> str:
+    """``float32[2, 4]``, with the storage's bytes where they are what differs."""
+    name = str(dtype).removeprefix("torch.") if dtype is not None else "a tensor"
+    dims = f"[{', '.join(map(str, shape))}]" if shape is not None else ""
+    return f"{name}{dims}" + (f" in a storage of {nbytes} B" if nbytes is not None else "")
 
 
 def enable_expandable_segments() -> bool:
@@ -107,6 +140,10 @@ def refuse_unsupported(model: torch.nn.Module | None) -> None:
     reason = unsupported_reason(model)
     if reason is not None:
         raise UnsupportedTrainingError(reason)
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 # --------------------------------------------------------------------------- handles
@@ -143,7 +180,8 @@ class IterationStats:
     expected_packs: int = 0
     swapped: int = 0  # distinct storages copied out
     swapped_bytes: int = 0
-    borrowed_inputs: int = 0  # swapped inputs: storages of the caller emptied until their copy back
+    borrowed_inputs: int = 0  # swapped inputs copied out: the caller's storages, emptied if nothing else holds them
+    emptied_inputs: int = 0  # swapped inputs emptied until their copy back (nothing outside held them)
     released_after_copy: int = 0  # storages whose device reference the runtime dropped after the copy
     recompute_removed: int = 0  # distinct storages not saved
     recompute_removed_bytes: int = 0
@@ -156,7 +194,9 @@ class IterationStats:
     read_before_copied_out: int = 0  # needed while its copy out still ran: read from the device bytes held
     deferred_prefetches: int = 0  # a prefetch waited for its copy out, or for device memory
     bound_waits: int = 0  # copies out that waited for older ones (the in-flight bound)
-    hooks_off_after: int = -1  # the pack after which nothing concerned the plan and the hooks came off
+    hooks_off_after: int = -1  # an empty plan: the pack after which the hooks came off (else on throughout)
+    held_inputs: int = 0  # swapped inputs the training loop held through the forward pass: not emptied
+    held_inputs_skipped: int = 0  # swapped inputs not copied: held in an earlier iteration (HeldInputWarning)
     held_bytes: int = 0  # device bytes the runtime references at the end of the iteration
     peak_held_bytes: int = 0
     prefetch_log: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, op reached) in issue order
@@ -178,10 +218,8 @@ class _Iteration:
         self.n_saved = rt.index.n_saved
         self.dev_type = rt.device.type
         self.cuda = rt.device.type == "cuda"
-        flagged = [k for k, f in enumerate(self.flags) if f]
-        self.last_flagged = flagged[-1] if flagged else -1
+        self.expected = rt.expected  # per pack: (dtype, shape, storage size bounds) the recorder saw
         self.hooks_pushed = False
-        self.trimmed = False  # the hooks came off after the last pack the plan concerns
         self.stats = IterationStats(expected_packs=self.n_saved)
         self.n_packed = 0
         self.paused = False
@@ -190,7 +228,7 @@ class _Iteration:
         self.swap_groups: dict[tuple[int, int], SwapGroup] = {}
         self.groups_by_tid: dict[int, list[SwapGroup]] = {}
         self.rec_groups: dict[int, _RecomputeGroup] = {}
-        self.kept: dict[int, tuple[Any, int]] = {}  # watched tensor id -> (weak ref, version)
+        self.kept: dict[int, list[tuple[Any, int]]] = {}  # watched tensor id -> [(weak ref, version)] per pack
         self.recreated: dict[int, StorageWeakRef] = {}  # re-created storages, while alive
         self.sequences_done: set[int] = set()
         self.position = -1  # op reached (trace op index)
@@ -203,7 +241,8 @@ class _Iteration:
         self.windows = {w.call: w for w in rt.index.windows}
         self.calls = 0  # module calls of the forward pass so far
         self.pack_op = rt.index.trace.saved_op.tolist()  # pack k happens while op pack_op[k] runs
-        self.pending_borrowed: list[tuple[SwapGroup, int]] = []  # swapped inputs whose op may still run
+        self.pending_borrowed: list[tuple[SwapGroup, int]] = []  # swapped inputs not emptied yet
+        self.emptied_before = rt.swapper.emptied_borrowed
         self.module_done_hook: Any = None  # while some are pending: a module returned, so their ops ran
 
     def module_call(self, module: torch.nn.Module, args: Any) -> None:
@@ -229,15 +268,17 @@ class _Iteration:
         k = self.n_packed
         self.n_packed = k + 1
         if k >= self.n_saved:
-            raise TraceMismatchError(
-                f"autograd saved more than the {self.n_saved} tensors the trace recorded for one iteration: "
-                f"the model or the batch changed since recording ({self.rt.plan_label()}); record the trace "
-                "again (one PlannedExecution block must hold exactly one forward pass)")
+            self.too_many_packs()
+        # The live check, before anything acts on this tensor: what autograd saves at pack k must be
+        # what the recorder saw there (shape, dtype, storage size).
+        dtype, shape, size, below = self.expected[k]
+        if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
+            self.mismatch(k, t)
+        nbytes = t.untyped_storage().nbytes()
+        if nbytes > size or nbytes <= below:
+            self.mismatch(k, t)
         if self.pending_borrowed:
             self.release_borrowed(self.pack_op[k])
-            if (not self.pending_borrowed and k > self.last_flagged and k < self.n_saved - 1
-                    and self.hooks_pushed):
-                self.trim_hooks(k - 1)  # the trim below waited for the swapped input
         mode = self.mode
         if mode is not None and mode.pushed and mode.finished:
             mode.stop()  # the window's last op has been recorded: ops run at full speed again
@@ -245,7 +286,7 @@ class _Iteration:
         if f == 0:
             if k == self.n_saved - 1:
                 self.end_of_forward()
-            return t
+            return t.detach() if t.requires_grad else t  # see check_pack
         self.where = ("pack", k)
         self.paused = True
         try:
@@ -253,19 +294,52 @@ class _Iteration:
                 packed = self._pack(t, k, f)
         finally:
             self.paused = False
-        if k == self.last_flagged and k < self.n_saved - 1 and self.hooks_pushed and not self.pending_borrowed:
-            self.trim_hooks(k)
         return packed
 
-    def trim_hooks(self, k: int) -> None:
-        """Nothing after pack ``k`` concerns the plan: later saves go to autograd untouched (the hooks
-        cost a Python call per saved tensor).  Ours are on top: this runs in our pack hook."""
+    def check_pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook of a plan without actions: the live check of the first pack alone (the
+        batch, usually), then the hooks come off: checking every pack would cost an empty plan
+        3-5 % of a step (measured on the CPU), and a plan that does nothing cannot act on a wrong
+        tensor.  Ours are on top: this runs in our pack hook."""
+        if t.is_cuda is not self.cuda:
+            return t
+        k = self.n_packed
+        self.n_packed = k + 1
+        if k >= self.n_saved:
+            self.too_many_packs()
         torch._C._autograd._pop_saved_tensors_default_hooks()
         self.hooks_pushed = False
-        self.trimmed = True
         self.stats.hooks_off_after = k
+        dtype, shape, size, below = self.expected[k]
+        if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
+            self.mismatch(k, t)
+        nbytes = t.untyped_storage().nbytes()
+        if nbytes > size or nbytes <= below:
+            self.mismatch(k, t)
+        # Not ``t`` itself: an output its own node saves would then hold that node through its
+        # ``grad_fn``, a reference cycle through C++ that no collector sees, and a graph dropped
+        # without backward (an exception, a forward pass only) would never be freed.  The alias
+        # shares storage and version counter and holds no graph.
+        return t.detach() if t.requires_grad else t
 
-    def release_borrowed(self, op: int) -> None:
+    def too_many_packs(self) -> None:
+        raise TraceMismatchError(
+            f"autograd saved more than the {self.n_saved} tensors the trace recorded for one iteration: a second "
+            f"forward pass in one `with` block, or the model or the batch changed since recording "
+            f"({self.rt.plan_label()}); run one forward and backward per block, or record the trace again")
+
+    def mismatch(self, k: int, t: torch.Tensor) -> None:
+        """Pack ``k`` is not what the recorder saw there: stop before the runtime acts on it."""
+        dtype, shape, size, _ = self.expected[k]
+        nbytes = t.untyped_storage().nbytes()
+        same_kind = (shape is None or t.shape == shape) and (dtype is None or t.dtype is dtype)
+        was = _describe(dtype, shape, size if same_kind else None)
+        now = _describe(t.dtype, tuple(t.shape) if shape is not None else None, nbytes if same_kind else None)
+        raise TraceMismatchError(
+            f"{self.index.pack_label(k)} was {was} when the trace was recorded and is {now} now: the model or "
+            f"the batch changed since recording ({self.rt.plan_label()}); record the trace again and re-plan")
+
+    def release_borrowed(self, op: int, final: bool = False) -> None:
         """Ops before ``op`` have run: swapped inputs they saved may be emptied (:mod:`.swap`).
 
         Autograd packs an op's inputs before the op runs, so the runtime learns that the op is
@@ -273,19 +347,45 @@ class _Iteration:
         then), the next pack in a later op, backward's first unpack, the block's end.  The trace
         lets a plan swap only inputs for which one of the first two comes before the next op's
         kernel (:attr:`dqn_swap.trace.Trace.movable`).
+
+        An input is emptied only while nothing outside autograd and the runtime holds its storage
+        (:meth:`.Swapper.empty_borrowed`); one still held is tried again at every later point of the
+        forward pass (the model's own frames let go of its arguments when it returns).  At
+        ``final`` (backward's first unpack, the block's end) the runtime gives up on those: they
+        stay the caller's, whole, and are reported once (:meth:`report_held`).
         """
         still = []
         for g, saved_at in self.pending_borrowed:
             if saved_at < op:
                 g.op_done = True
-                self.swapper.empty_borrowed(g)
-            else:
-                still.append((g, saved_at))
+                if self.swapper.empty_borrowed(g) or g.borrowed is None or g.remaining <= 0 or g.dev is not None:
+                    continue  # empty now, or backward has it already
+                if final:
+                    if g.held:
+                        self.report_held(g)
+                    continue  # a copy out still in flight: poll() empties it when it completes
+            still.append((g, saved_at))
         self.pending_borrowed = still
         if not still and self.module_done_hook is not None:
             for hook in self.module_done_hook:
                 hook.remove()
             self.module_done_hook = None
+
+    def report_held(self, g: SwapGroup) -> None:
+        """A swapped input stayed held by the training loop through the forward pass: it was not
+        emptied (the plan's saving on it did not happen) and later iterations skip its copy."""
+        rt = self.rt
+        self.stats.held_inputs += 1
+        if g.tid in rt.held_inputs:
+            return
+        rt.held_inputs.add(g.tid)
+        counted = format_bytes(int(self.index.trace.tensor_nbytes[g.tid]))
+        warnings.warn(
+            f"the plan swaps the input {self.index.tensor_label(g.tid)} and counted on freeing its {counted} "
+            "during the iteration, but the training loop holds it between forward and backward: the runtime "
+            "leaves it on the device, untouched, and skips its copy from now on; let the iteration hold the "
+            f"only reference (e.g. model(batch.pop())) to free it ({rt.plan_label()})",
+            HeldInputWarning, stacklevel=2)
 
     def module_done(self, module: torch.nn.Module, *args: Any) -> None:
         """A module's forward begins or returns: no op is under way, every op packed so far has run."""
@@ -296,13 +396,12 @@ class _Iteration:
         index, rt = self.index, self.rt
         tid = int(index.saved_tids[k])
         packed: Any = t
+        if f & SWAP and rt.held_inputs and tid in rt.held_inputs:
+            f &= ~SWAP  # an input the loop held in an earlier iteration: its copy would free nothing
+            self.stats.held_inputs_skipped += 1
         if f & (SWAP | RECOMPUTE):
             storage = t.untyped_storage()
-            nbytes = storage.nbytes()
-            if round_size(nbytes) != index.saved_sizes[k]:
-                raise TraceMismatchError(
-                    f"saved tensor #{k} has {nbytes} bytes, the trace recorded {index.tensor_label(tid)}: the model "
-                    f"or the batch size changed since recording ({rt.plan_label()}); record the trace again")
+            nbytes = storage.nbytes()  # checked against the trace in pack()
             key = storage._cdata
             if self.tid_key.setdefault(tid, key) != key:
                 raise TraceMismatchError(
@@ -324,6 +423,7 @@ class _Iteration:
                     self.swapper.swap_out(group, storage, borrowed=borrowed)
                     self.stats.swapped += 1
                     if borrowed:
+                        group.watch = weakref.ref(t)  # if it stays the caller's: backward checks its version
                         self.stats.borrowed_inputs += 1
                         self.pending_borrowed.append((group, self.pack_op[k]))
                         if self.module_done_hook is None:
@@ -346,8 +446,16 @@ class _Iteration:
                 rgroup.remaining += 1
                 packed = _Packed(self, REMOVED, rgroup, tid, k, t)
         else:
+            orig = t
+            if t.requires_grad:
+                packed = t = t.detach()  # what autograd keeps holds no graph (see check_pack)
             if f & TRACK:
-                self.kept[tid] = (weakref.ref(t), t._version)  # an input of a re-run, held by autograd
+                # an input of a re-run, held by autograd (the alias of each pack, until its node ran)
+                # or by whatever else holds the tensor itself
+                kept = self.kept.setdefault(tid, [])
+                kept.append((weakref.ref(t), t._version))
+                if orig is not t:
+                    kept.append((weakref.ref(orig), t._version))
             if f & PROGRESS:
                 packed = _Packed(self, KEEP, t, tid, k, t)  # its unpack gives the runtime control
         if f & PROGRESS:
@@ -410,7 +518,7 @@ class _Iteration:
         try:
             with torch.no_grad():
                 if self.pending_borrowed:
-                    self.release_borrowed(NO_OP)  # backward has begun: every forward op has run
+                    self.release_borrowed(NO_OP, final=True)  # backward has begun: every forward op has run
                 if not self.forward_done:
                     self.end_of_forward()
                 self.stats.released_after_copy += self.swapper.poll()
@@ -422,6 +530,8 @@ class _Iteration:
                     return packed.ref
                 if packed.kind == SWAPPED:
                     g: SwapGroup = packed.ref
+                    if g.borrowed is not None and not g.emptied and g.watch is not None:
+                        self.check_unmodified(g)
                     self.stats.read_before_copied_out += int(g.source is not None)
                     storage, on_demand = self.swapper.ready(g)
                     self.stats.on_demand_fetches += int(on_demand)
@@ -442,6 +552,16 @@ class _Iteration:
                 return view_of(storage, packed.dtype, packed.size, packed.stride, packed.offset)
         finally:
             self.paused = False
+
+    def check_unmodified(self, g: SwapGroup) -> None:
+        """A swapped input the caller kept (not emptied) is read in place by backward: as autograd
+        does for what it saves, refuse one modified in place since the forward pass saved it."""
+        x = g.watch()
+        if x is not None and x._version != g.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: the input {self.index.tensor_label(g.tid)} is at version {x._version}, the forward "
+                f"pass saved version {g.version} ({self.rt.plan_label()})")
 
     # --------------------------------------------------------------- recompute
     def recompute(self, tid: int) -> None:
@@ -478,9 +598,8 @@ class _Iteration:
             storage, on_demand = self.swapper.ready(g)  # stays fetched for its own unpack, as simulated
             self.stats.on_demand_fetches += int(on_demand)
             return storage
-        kept = self.kept.get(tid)
-        if kept is not None:
-            x = kept[0]()
+        for ref, _ in self.kept.get(tid, ()):
+            x = ref()
             if x is not None and x._version == version:
                 return x.untyped_storage()
         rg = self.rec_groups.get(tid)
@@ -497,18 +616,19 @@ class _Iteration:
         if self.mode is not None:
             self.mode.stop()
         if self.pending_borrowed:
-            self.release_borrowed(NO_OP)  # the block ends: its forward ops have run
+            self.release_borrowed(NO_OP, final=True)  # the block ends: its forward ops have run
         if self.module_done_hook is not None:
             for hook in self.module_done_hook:
                 hook.remove()
             self.module_done_hook = None
         self.stats.released_after_copy += self.swapper.poll()
+        self.stats.emptied_inputs = self.swapper.emptied_borrowed - self.emptied_before
         self.stats.held_bytes = self.swapper.held_bytes
         self.stats.peak_held_bytes = self.swapper.peak_held_bytes
         self.stats.bound_waits = self.swapper.bound_waits
 
     def check_count(self) -> None:
-        if self.n_packed and not self.trimmed and self.n_packed != self.n_saved:
+        if self.n_packed and self.stats.hooks_off_after < 0 and self.n_packed != self.n_saved:
             raise TraceMismatchError(
                 f"autograd saved {self.n_packed} tensors in this iteration, the trace recorded "
                 f"{self.n_saved}: the model or the batch changed since recording ({self.rt.plan_label()}); "
@@ -551,6 +671,23 @@ class PlannedExecution:
         track_storages: keep weak references to every removed storage in
             ``stats.source_refs`` (tests check they were freed).
         check_plan: check the plan against the trace first.
+        allow_infeasible: follow a plan the simulator found infeasible (``plan.figures["feasible"]``
+            false); without it such a plan is refused (:class:`InfeasiblePlanError`).
+
+    Every iteration is checked against the trace as it runs: at every pack of a saved tensor
+    (the ``k``-th is ``trace.saved[k]``) its shape, dtype and storage size must be what the
+    recorder saw (storage sizes only, for a trace file written before shapes were recorded),
+    and a block must pack exactly as many tensors as the trace; the first difference raises
+    :class:`TraceMismatchError` (one line: the saved tensor, the op, what it was and is), before
+    the runtime acts on that tensor.  The hooks stay on for the whole block, so a second forward
+    pass in one block is refused at its first pack beyond the trace's count.  A plan without
+    actions checks the first pack only and then runs exactly as without the runtime (checking
+    every pack would cost it 3-5 % of a step on the CPU).
+
+    Swapped inputs the training loop still holds are never emptied (:mod:`.swap`): reads of the
+    batch or the labels between forward and backward see their bytes; the runtime then frees
+    nothing for them, warns once (:class:`HeldInputWarning`, naming the input and the bytes the
+    plan counted on) and skips their copy in later iterations.
 
     After each iteration ``stats`` holds its :class:`IterationStats`.
     """
@@ -559,10 +696,22 @@ class PlannedExecution:
                  device: str | torch.device | None = None, backend: Backend | None = None,
                  memory_limit: LimitSpec | None = None, max_inflight_bytes: int | None = None,
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
-                 check_plan: bool = True) -> None:
+                 check_plan: bool = True, allow_infeasible: bool = False) -> None:
         refuse_unsupported(model)
         if check_plan:
             plan.check_trace(trace)
+        if plan.figures.get("feasible") is False and not allow_infeasible:
+            stuck = plan.figures.get("infeasible")
+            where = ""
+            if isinstance(stuck, dict) and isinstance(stuck.get("op"), int) and 0 <= stuck["op"] < trace.n_ops:
+                needed, available = stuck.get("needed"), stuck.get("available")
+                where = f" at {trace.op_label(stuck['op'])}"
+                if isinstance(needed, (int, float)) and isinstance(available, (int, float)):
+                    where += f", which needs {format_bytes(needed)} with {format_bytes(available)} available"
+            raise InfeasiblePlanError(
+                f"the plan of planner {plan.planner!r} is infeasible: the simulator found it cannot run under its "
+                f"limit of {format_bytes(plan.memory_limit)}{where}; re-plan with a higher limit, or pass "
+                "allow_infeasible=True to follow it anyway")
         if plan.schedule is None:
             from ..simulator import schedule_plan
 
@@ -595,6 +744,17 @@ class PlannedExecution:
         bound = max_inflight_bytes if max_inflight_bytes is not None else max(self.index.max_inflight_d2h_bytes,
                                                                               largest)
         self.swapper = Swapper(self.backend, bound)
+        # Per pack: dtype and shape (None: unknown) and the storage's bytes, ``below < nbytes <= size``.
+        # A trace recorded on CUDA stores sizes in the allocator's 512-byte blocks, one recorded on the
+        # CPU or meta the storage's own bytes, compared exactly.
+        exact = trace.meta.get("device") in ("cpu", "meta")
+        sizes = (trace.tensor_nbytes[trace.saved] if exact else self.index.saved_sizes).tolist()
+        dtypes = {d: getattr(torch, d) for d, _ in trace.saved_signatures
+                  if d is not None and isinstance(getattr(torch, d, None), torch.dtype)}
+        self.expected: list[tuple[torch.dtype | None, tuple[int, ...] | None, int, int]] = [
+            (dtypes.get(d) if d is not None else None, shape, int(size), int(size) - (1 if exact else SIZE_QUANTUM))
+            for (d, shape), size in zip(trace.saved_signatures, sizes)]
+        self.held_inputs: set[int] = set()  # swapped inputs the training loop held (HeldInputWarning)
         self._it: _Iteration | None = None
         self._hook: Any = None
         self.stats: IterationStats | None = None
@@ -620,7 +780,11 @@ class PlannedExecution:
         it = _Iteration(self)
         self._it = it
         if not self.plan.actions:
-            return self  # nothing to do: the iteration runs exactly as without the runtime
+            # nothing to do but check the first pack (check_pack): the saved tensors go to autograd
+            if it.n_saved:
+                torch._C._autograd._push_saved_tensors_default_hooks(it.check_pack, _identity)
+                it.hooks_pushed = True
+            return self
         torch._C._autograd._push_saved_tensors_default_hooks(it.pack, it.unpack)
         it.hooks_pushed = True
         if it.mode is not None:
@@ -704,6 +868,6 @@ def prefetch_positions(trace: Trace, plan: Plan) -> dict[int, int]:
     return dict(schedule_plan(trace, plan).schedule.prefetch)  # type: ignore[union-attr]
 
 
-__all__ = ["IterationStats", "PlannedExecution", "PlannedOutOfMemoryError", "RecomputeError",
-           "TraceMismatchError", "UnsupportedTrainingError", "enable_expandable_segments", "prefetch_positions",
-           "refuse_unsupported"]
+__all__ = ["HeldInputWarning", "InfeasiblePlanError", "IterationStats", "PlannedExecution",
+           "PlannedOutOfMemoryError", "RecomputeError", "TraceMismatchError", "UnsupportedTrainingError",
+           "enable_expandable_segments", "prefetch_positions", "refuse_unsupported"]

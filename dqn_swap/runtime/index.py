@@ -8,8 +8,8 @@ this index only says where in a live iteration each decision applies.
 
 * which tensors to swap and which to recompute;
 * per pack (every call of autograd's pack hook, in the recorded order), the
-  tensor id and its size, to recognise the live tensors and check they still
-  match the trace, and a few flags: act on it, keep a handle on it (an input
+  tensor id, its size, dtype and shape, to recognise the live tensors and check
+  they still match the trace (``Trace.saved_signatures``), and a few flags: act on it, keep a handle on it (an input
   of a re-run), or take control at its unpack (a prefetch falls due there);
 * the prefetch schedule, as ``(tensor, op)`` in start order;
 * the re-run sequences and, per removed tensor, the sequence that re-creates it;
@@ -107,6 +107,22 @@ class PlanIndex:
         op = int(t.tensor_alloc_op[tid])
         where = t.op_label(op) if op >= 0 else "existed before the iteration"
         return f"tensor {tid} ({int(t.tensor_nbytes[tid])} B, {Role(t.tensor_role[tid]).name.lower()}, {where})"
+
+    def pack_label(self, k: int) -> str:
+        """Saved tensor ``k`` (the ``k``-th pack) for messages: the tensor and where it was packed,
+        e.g. ``saved tensor #6 (tensor 4 (256 B, parameter, existed before the iteration), saved by
+        #4 aten.addmm (4, forward))``."""
+        t = self.trace
+        tid = int(self.saved_tids[k])
+        op = int(t.saved_op[k]) if k < len(t.saved_op) else -1
+        # Pack k happens once ``op`` ops have run: before op #op's kernel (its inputs) or right
+        # after op #op-1's (its outputs); a tensor op #op-1 did not make is an input of op #op.
+        where = ""
+        if 0 <= op < t.n_ops and (op == 0 or int(t.tensor_alloc_op[tid]) != op - 1):
+            where = f", saved by {t.op_label(op)}"
+        elif 0 < op <= t.n_ops:
+            where = f", saved right after {t.op_label(op - 1)}"
+        return f"saved tensor #{k} ({self.tensor_label(tid)}{where})"
 
 
 def _op_event_slices(trace: Trace) -> np.ndarray:

@@ -16,6 +16,18 @@ copy out and the op that saved it are done (the iteration says when the op is:
 ``op_done``).  If autograd frees the graph without a backward pass, the bytes
 are copied back then.
 
+Only a storage nobody else can reach is emptied.  Reads of a plain tensor cannot
+be intercepted, so a storage emptied while the training loop still holds a tensor
+on it would hand the loop's next read (an accuracy on the labels, a log line on
+the batch, between forward and backward) zero bytes: garbage, or a crash.  So
+:meth:`Swapper.empty_borrowed` empties it only when the runtime's own reference
+is the storage's only one (``torch._C._storage_Use_Count``: every tensor and
+every storage object on it counts; autograd holds the runtime's handle instead
+of the tensor).  The iteration retries at every later hook of the forward pass
+(the model's own frames let go of the batch when its ``forward`` returns) and
+gives up at backward's first read: an input held to the end frees nothing, it
+stays the caller's, whole and unchanged, and backward reads it in place.
+
 Every stream synchronisation says why (the model of a device is in
 :mod:`dqn_swap.runtime.backend`).
 """
@@ -79,7 +91,7 @@ class SwapGroup:
     held while the copy out runs, and the prefetched device copy."""
 
     __slots__ = ("swapper", "tid", "version", "nbytes", "host", "source", "d2h_event", "dev", "h2d_event",
-                 "h2d_waited", "remaining", "borrowed", "op_done", "emptied", "__weakref__")
+                 "h2d_waited", "remaining", "borrowed", "op_done", "emptied", "held", "watch", "__weakref__")
 
     def __init__(self, swapper: "Swapper", tid: int, version: int, nbytes: int) -> None:
         self.swapper, self.tid, self.version, self.nbytes = swapper, tid, version, nbytes
@@ -93,6 +105,8 @@ class SwapGroup:
         self.borrowed: torch.UntypedStorage | None = None  # the caller's storage, for a swapped input
         self.op_done = False  # the op that saved the borrowed storage has run
         self.emptied = False  # the borrowed storage is empty (its bytes are on the host only)
+        self.held = False  # the borrowed storage was found held outside the runtime (not emptied then)
+        self.watch: Any = None  # the iteration: a weak reference to the packed input (version check)
 
     def __del__(self) -> None:
         try:
@@ -129,6 +143,7 @@ class Swapper:
         self.bound_waits = 0  # copies out that waited for older ones (the in-flight bound)
         self.max_inflight_seen = 0  # most device bytes held by copies out at once
         self.kept_for_copies = 0  # device buffers of dropped graphs kept until their copy back ended
+        self.emptied_borrowed = 0  # borrowed storages emptied (swapped inputs nothing else held)
 
     # ------------------------------------------------------------ streams
     @property
@@ -213,15 +228,22 @@ class Swapper:
             self.graveyard.popleft()
         return released
 
-    @staticmethod
-    def empty_borrowed(g: SwapGroup) -> None:
+    def empty_borrowed(self, g: SwapGroup) -> bool:
         """Free the device bytes of a borrowed storage once its copy out and the op that saved it are
-        done, if backward still has to read it and it has not been fetched back already."""
+        done, if backward still has to read it, it has not been fetched back already and nothing but
+        ``g.borrowed`` holds the storage (module docstring; else ``g.held`` is set and it stays).
+        Returns whether it is empty now."""
         if (g.borrowed is None or g.emptied or not g.op_done or g.source is not None or g.remaining <= 0
                 or g.dev is not None):
-            return
+            return g.emptied
+        if torch._C._storage_Use_Count(g.borrowed._cdata) > 1:
+            g.held = True  # a tensor (the caller's batch, a view) or another storage object holds it
+            return False
+        g.held = False
         g.borrowed.resize_(0)
         g.emptied = True
+        self.emptied_borrowed += 1
+        return True
 
     # ------------------------------------------------------------ copy back
     def fetch(self, g: SwapGroup) -> None:

@@ -97,7 +97,7 @@ def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, t
     base = dict(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
                 buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline",
                 demo_pretrain_steps=200)
-    limits = ["50%", LIMIT]
+    limits = ["50%", "35%"]
     demos = {}
     for improve in ("none", "search"):
         train(tiny_resnet_trace, limits, tmp_path / f"{improve}.pt", DQNConfig(**base, demo_improve=improve),
@@ -106,7 +106,7 @@ def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, t
     for before, after in zip(demos["none"], demos["search"]):
         assert after["replayed_overhead"] <= before["replayed_overhead"] + 1e-12  # never replaced by a worse one
     improved = [(b, a) for b, a in zip(demos["none"], demos["search"]) if a["planner"].startswith("dqn-search@")]
-    assert improved  # at 30 % the search with the learned Q beats LRU's replay (0.0203 -> 0.0103 when written)
+    assert improved  # at 35 % the search with the learned Q beats window's replay (0.0187 -> 0.0167 when written)
     assert all(a["replayed_overhead"] < b["replayed_overhead"] and a["replayed_feasible"] for b, a in improved)
     try:
         DQNConfig(demo_improve="search")

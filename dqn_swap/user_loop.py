@@ -1,0 +1,729 @@
+"""Planned training in the user's own loop, turned on with one line: :func:`autoplan`
+(``dqn_swap.autoplan``).
+
+::
+
+    planned = dqn_swap.autoplan(model, "50%", optimizer=optimizer)
+    for batch in loader:
+        with planned.step():
+            loss = model(**batch).loss
+            loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+
+What happens in the steps
+-------------------------
+Nothing is given but the model and a limit, so the first steps learn the iteration:
+
+1. **Warm-up** (only with an ``optimizer`` that has not stepped yet): the step runs as the
+   user wrote it, every activation autograd saves kept on the host (as
+   :func:`torch.autograd.graph.save_on_cpu` does, parameters and inputs excepted), so that the
+   optimizer creates its lazy state (Adam's moments) before the iteration is recorded: a
+   recorded iteration must be a steady-state one.
+2. **Recording**: the next step is recorded as the user makes it (:mod:`dqn_swap.recorder`:
+   the model's positional and keyword arguments, whatever it returns, data-dependent calls
+   such as ``.item()`` inside the library's code all run for real), again with the saved
+   activations on the host, and the optimizer's ``step()`` that follows it joins the trace
+   through the optimizer's step hooks.  The trace is planned at once
+   (:func:`dqn_swap.get_planner`).
+3. **Planned steps** follow the plan (:class:`~dqn_swap.runtime.PlannedExecution`) with the
+   runtime's live check of every saved tensor against the trace.
+
+**How the first steps stay under the limit.**  An unplanned step needs the trace's peak,
+which is what does not fit.  Warm-up and recording keep every saved activation on the host
+from the moment autograd saves it until backward needs it (one copy out and one back each),
+so the device holds the model state, the op under way and its inputs and outputs: the
+"0 %" minimum of :mod:`dqn_swap.limits` or less, below every limit a plan can meet.  (The
+trace itself records the iteration as it is without the copies: the recorder counts
+autograd's holder of a saved tensor as alive until backward releases it.)  They are slower
+by those copies; :attr:`AutoPlan.log` says which steps were which, and
+:attr:`AutoPlan.record_peaks` holds the recording's measured peak (allocated bytes above the
+step's start, on cpu from the allocator's timeline, on cuda from its peak statistics).
+
+**Shapes.**  A plan is made for one *signature*: the shapes, dtypes and devices of the
+tensors the model is called with (keyword arguments included), its other arguments, whether
+gradients already exist (the micro-steps of gradient accumulation after the first hold
+them), training mode, autocast and the parameters' shapes.  A step whose signature has no
+plan yet is recorded and planned (a short last batch, another sequence length), and the
+decision is logged with one line (``new_shapes="plan"``, the default); ``new_shapes="refuse"``
+raises instead.  A plan of another signature is never followed.
+
+**Files.**  ``cache=DIR`` keeps every trace and plan in ``DIR`` (one pair per signature,
+``index.json`` naming them); the next run starts planned from its first step.  Nothing
+there is overwritten: a signature already in the folder is read, never written again.
+
+The planners live on the agents' side of the package; :func:`autoplan` reaches them
+through :func:`dqn_swap.get_planner`, lazily, as the command line does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import sys
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten_with_path
+from torch.utils.module_tracker import ModuleTracker
+
+from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from .files import write_atomically
+from .limits import LimitSpec, resolve_limit
+from .meter import AllocatorTimeline
+from .plan import Plan
+from .recorder import _end_iteration, _end_scratch, _Recorder, _register_state, _Saved
+from .trace import Phase, Role, Trace, TraceBuilder, format_bytes
+
+log = logging.getLogger("dqn_swap.autoplan")
+
+NEW_SHAPES = ("plan", "refuse")
+
+
+class AutoPlanError(RuntimeError):
+    """Planned training cannot go on as asked; the message is one line saying why and what to do."""
+
+
+# --------------------------------------------------------------------------- host copies
+class _HostCopy:
+    """A saved activation's whole storage on the host, and how to view it again."""
+
+    __slots__ = ("host", "nbytes", "dtype", "size", "stride", "offset", "tid", "device")
+
+    def __init__(self, t: torch.Tensor, tid: int, host: torch.Tensor) -> None:
+        self.host, self.tid, self.device = host, tid, t.device
+        self.nbytes = t.untyped_storage().nbytes()
+        self.dtype, self.size, self.stride, self.offset = t.dtype, t.size(), t.stride(), t.storage_offset()
+
+
+def _host_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Host memory for a copy out: pinned on cuda; on the cpu NumPy's memory, which PyTorch's
+    allocator (and so the allocator timeline that stands in for device memory) does not see."""
+    if device.type == "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
+
+
+def _copy_out(t: torch.Tensor, tid: int) -> _HostCopy:
+    storage = t.untyped_storage()
+    src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+    host = _host_buffer(storage.nbytes(), t.device)
+    host.copy_(src)
+    return _HostCopy(t, tid, host)
+
+
+def _copy_back(h: _HostCopy) -> torch.Tensor:
+    dev = torch.empty(h.nbytes, dtype=torch.uint8, device=h.device)
+    dev.copy_(h.host)
+    return torch.empty(0, dtype=h.dtype, device=h.device).set_(dev.untyped_storage(), h.offset, h.size, h.stride)
+
+
+def _offloadable(t: torch.Tensor, persistent: set[int]) -> bool:
+    return (t.device.type != "meta" and not isinstance(t, torch.nn.Parameter)
+            and t.untyped_storage()._cdata not in persistent)
+
+
+class _Offload:
+    """Saved-tensor hooks keeping saved activations on the host (the warm-up step)."""
+
+    def __init__(self, device: torch.device, persistent: set[int]) -> None:
+        self.device, self.persistent = device, persistent
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if t.device != self.device or not _offloadable(t, self.persistent):
+            return t
+        return _copy_out(t, -1)
+
+    @staticmethod
+    def unpack(x: Any) -> torch.Tensor:
+        return _copy_back(x) if isinstance(x, _HostCopy) else x
+
+
+class _StepRecorder(_Recorder):
+    """The recorder with saved activations kept on the host until backward needs them.
+
+    The recorder's holder of a saved tensor (:class:`~dqn_swap.recorder._Saved`) stays its
+    holder, so the trace keeps the tensor alive until autograd releases it, as in training
+    without the copies; the device storage itself may go earlier.  A weak reference to every
+    storage sent out keeps its address from being reused by a later storage while the
+    recorder identifies storages by address.  One host copy per storage and version; the
+    storage brought back in backward is registered as the same tensor, and shared by every
+    view of it unpacked while it lives.  Autograd's engine runs the backward pass of the
+    user's ``loss.backward()``: ops run inside it (a graph task is current) are backward ops.
+    """
+
+    def __init__(self, *args: Any, persistent: set[int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.persistent = persistent
+        self.sent: list[StorageWeakRef] = []
+        self.host: dict[tuple[int, int], _HostCopy] = {}  # (tensor id, version) -> its host copy
+        self.back: dict[tuple[int, int], StorageWeakRef] = {}  # -> the storage brought back, while alive
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if self.phase == Phase.FORWARD and torch._C._current_graph_task_id() != -1:
+            self.phase = Phase.BACKWARD
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def pack(self, t: torch.Tensor) -> Any:
+        holder = super().pack(t)
+        if not isinstance(holder, _Saved) or not _offloadable(t, self.persistent):
+            return holder
+        tid = self.seen.get(t)
+        if tid is None or self.b.t_alloc[tid] < 0:  # existed before the iteration: stays
+            return holder
+        key = (tid, t._version)
+        with _disable_current_modes(), torch.no_grad():
+            host = self.host.get(key)
+            if host is None:
+                self.sent.append(StorageWeakRef(t.untyped_storage()))
+                host = self.host[key] = _copy_out(t, tid)
+            holder.tensor = _View(host, key, t)
+        return holder
+
+    def unpack(self, holder: Any) -> torch.Tensor:  # type: ignore[override]
+        x = holder.tensor if isinstance(holder, _Saved) else holder
+        if not isinstance(x, _View):
+            return x
+        ref = self.back.get(x.key)
+        with _disable_current_modes(), torch.no_grad():
+            if ref is not None and not ref.expired():
+                storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+                return torch.empty(0, dtype=x.dtype, device=x.host.device).set_(storage, x.offset, x.size, x.stride)
+            restored = _copy_back(x.host)
+            storage = restored.untyped_storage()
+            self.back[x.key] = StorageWeakRef(storage)
+            self.sent.append(self.back[x.key])  # its address stays its own until the recording ends
+            view = torch.empty(0, dtype=x.dtype, device=x.host.device).set_(storage, x.offset, x.size, x.stride)
+        key = storage._cdata
+        self.live[key] = x.key[0]
+        self.hold(view, x.key[0], key)
+        return view
+
+
+class _View:
+    """A saved tensor as a view of its storage's host copy."""
+
+    __slots__ = ("host", "key", "dtype", "size", "stride", "offset")
+
+    def __init__(self, host: _HostCopy, key: tuple[int, int], t: torch.Tensor) -> None:
+        self.host, self.key = host, key
+        self.dtype, self.size, self.stride, self.offset = t.dtype, t.size(), t.stride(), t.storage_offset()
+
+
+@contextlib.contextmanager
+def _rng_untouched(device: torch.device) -> Iterator[None]:
+    """Run planning without moving the training loop's random generators: torch's (cpu, and the
+    device's), NumPy's and Python's.  A planner that samples (the DQN) would otherwise change
+    the dropout masks of every later step, and planned training would no longer be unplanned
+    training's bit for bit."""
+    import random
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type
+                               if device.type == "cuda" else "cuda"):
+        yield
+    random.setstate(py)
+    np.random.set_state(npy)
+
+
+# --------------------------------------------------------------------------- signatures
+def _describe(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), str(x.dtype), x.device.type, bool(x.requires_grad))
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return type(x).__name__
+
+
+def _name(path: tuple) -> str:
+    """``arg0``, ``input_ids``, ``batch['mask']``: a leaf's place in the call."""
+    head, *rest = path[1:]
+    name = f"arg{head.idx}" if path[0].idx == 0 else str(head.key)
+    return name + torch.utils._pytree.keystr(tuple(rest))
+
+
+def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bool = False) -> tuple[str, str]:
+    """(key, description) of a call of ``model``: what a plan is made for (module docstring).
+    With ``shapes_only``, a key of the call's shapes and the parameters' alone."""
+    leaves, _ = tree_flatten_with_path((args, kwargs))
+    call = tuple((_name(p), _describe(x)) for p, x in leaves)
+    params = tuple(tuple(p.shape) for p in model.parameters())
+    grads = any(p.grad is not None for p in model.parameters())
+    dev = next((p.device.type for p in model.parameters()), "cpu")
+    autocast = (torch.is_autocast_enabled(dev), str(torch.get_autocast_dtype(dev))) if dev in ("cpu", "cuda") else ()
+    sig = (call, params, grads, model.training, torch.is_grad_enabled(), autocast)
+    key = hashlib.sha256(repr(sig).encode()).hexdigest()[:16]
+    if shapes_only:
+        return hashlib.sha256(repr((call, params)).encode()).hexdigest()[:16], ""
+
+    shapes = ", ".join(f"{p}={'x'.join(map(str, d[1])) or 'scalar'} {d[2].replace('torch.', '')}"
+                       for p, d in call if isinstance(d, tuple) and d and d[0] == "tensor")
+    desc = f"{shapes or 'no tensor arguments'}{', gradients present' if grads else ''}"
+    if autocast and autocast[0]:
+        desc += f", autocast {autocast[1].replace('torch.', '')}"
+    return key, desc
+
+
+# --------------------------------------------------------------------------- entries
+@dataclass
+class Entry:
+    """The trace and plan of one signature, and the runtime that follows the plan."""
+
+    key: str
+    description: str
+    trace: Trace
+    plan: Plan
+    runtime: Any = None  # PlannedExecution, made on first use
+
+
+@dataclass
+class _Recording:
+    recorder: _StepRecorder
+    key: str
+    description: str
+    tracker: ModuleTracker
+    timeline: Any
+    start_bytes: int
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    fb: contextlib.ExitStack | None = None  # forward and backward: hooks and the dispatch mode
+    opt: contextlib.ExitStack | None = None  # the optimizer's step
+
+
+@dataclass
+class _StepState:
+    kind: str | None = None  # None until the model is called: "planned", "warmup", "record"
+    entry: Entry | None = None
+    offload: contextlib.ExitStack | None = None
+
+
+class AutoPlan:
+    """Planned training in the user's own loop (:func:`autoplan`; module docstring).
+
+    Attributes:
+        entries: signature key -> :class:`Entry` (trace, plan, runtime).
+        log: one line per decision (warm-up, recording, new plan, planned step counts).
+        record_peaks: per recorded signature, the device bytes the recording step allocated
+            above its start at its peak (the allocator's timeline on cpu, peak statistics on cuda).
+        last: the kind of the last step: ``"warmup"``, ``"record"`` or ``"planned"``.
+        last_entry: the :class:`Entry` the last planned step followed.
+    """
+
+    def __init__(self, model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = "dqn",
+                 optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
+                 allow_infeasible: bool = False, new_shapes: str = "plan",
+                 profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
+                 verbose: bool = True, runtime_options: dict[str, Any] | None = None) -> None:
+        from .support import unsupported_reason
+
+        if not isinstance(model, torch.nn.Module):
+            raise AutoPlanError(f"autoplan needs a torch.nn.Module, got {type(model).__name__}")
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise AutoPlanError(reason)
+        if new_shapes not in NEW_SHAPES:
+            raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        from .limits import MemoryLimit
+
+        MemoryLimit.parse(memory_limit)  # a malformed limit is refused now, not at the first step
+        self.model = model
+        self.memory_limit = memory_limit
+        self.planner_name = planner
+        self.planner_options = dict(planner_options or {})
+        self.optimizer = optimizer
+        self.allow_infeasible = allow_infeasible
+        self.new_shapes = new_shapes
+        self.verbose = verbose
+        self.runtime_options = dict(runtime_options or {})
+        self.profile = get_profile(profile or DEFAULT_PROFILE) if not isinstance(profile, DeviceProfile) else profile
+        params = list(model.parameters())
+        self.device = params[0].device if params else torch.device("cpu")
+        if self.device.type == "meta":
+            raise AutoPlanError("autoplan trains for real: the model is on 'meta'; move it to its device "
+                                "(record on meta with dqn_swap.record_trace instead)")
+        self.entries: dict[str, Entry] = {}
+        self.log: list[str] = []
+        self.record_peaks: dict[str, int] = {}
+        self.last: str | None = None
+        self.last_entry: Entry | None = None
+        self.steps = 0
+        self._planner: Any = None
+        self._shapes: set[str] = set()  # shape keys of the calls seen in planned.step()
+        self._warm = optimizer is None
+        self._warm_pending = False
+        self._state: _StepState | None = None
+        self._recording: _Recording | None = None
+        self._pending: _Recording | None = None  # forward and backward recorded, optimizer step to come
+        self.cache = Path(cache) if cache is not None else None
+        if self.cache is not None:
+            self._load_cache()
+        self._root_hook = model.register_forward_pre_hook(self._root_call, with_kwargs=True, prepend=True)
+        self._opt_hooks = ((optimizer.register_step_pre_hook(self._optimizer_pre),
+                            optimizer.register_step_post_hook(self._optimizer_post))
+                           if optimizer is not None else ())
+
+    # ------------------------------------------------------------------ the step
+    @contextlib.contextmanager
+    def step(self) -> Iterator["AutoPlan"]:
+        """One forward and backward pass of the model, planned (module docstring)."""
+        if self._state is not None:
+            raise AutoPlanError("planned.step() is already active: one `with planned.step():` per iteration, "
+                                "not nested")
+        if self._pending is not None:
+            self._finish_recording()  # no optimizer step came after it (gradient accumulation)
+        state = self._state = _StepState()
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            self._state = None
+            self._end_step(state, ok)
+
+    def _root_call(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        state = self._state
+        if state is None:
+            return None  # a call outside planned.step() (evaluation): untouched
+        if state.kind is not None:
+            self._abandon(state)
+            raise AutoPlanError("the model was called twice in one planned.step(): one step holds one forward "
+                                "pass (and its backward); use one `with planned.step():` per call")
+        key, desc = signature(module, args, kwargs)
+        entry = self.entries.get(key)
+        if entry is not None and self.new_shapes == "refuse":
+            self._shapes.add(signature(module, args, kwargs, shapes_only=True)[0])
+        if entry is not None:
+            state.kind, state.entry = "planned", entry
+            rt = self._runtime(entry)
+            rt.__enter__()
+            it = rt._it
+            if rt._hook is not None and it is not None:
+                it.module_call(module, args)  # the root's call: the runtime's own hook came after it
+            return None
+        shapes = signature(module, args, kwargs, shapes_only=True)[0]
+        if self._shapes and shapes not in self._shapes and self.new_shapes == "refuse":
+            raise AutoPlanError(f"this step calls the model with {desc}, which has no plan "
+                                f"(planned: {'; '.join(e.description for e in self.entries.values())}); "
+                                "new_shapes='plan' records and plans it")
+        self._shapes.add(shapes)
+        if not self._warm:
+            state.kind = "warmup"
+            self._note(f"step {self.steps}: warm-up ({desc}): saved activations on the host while the "
+                       "optimizer creates its state")
+            stack = contextlib.ExitStack()
+            hooks = _Offload(self.device, self._persistent())
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack))
+            state.offload = stack
+            return None
+        state.kind = "record"
+        self._note(f"step {self.steps}: recording the iteration for {desc} (saved activations on the host)")
+        self._start_recording(module, args, kwargs, key, desc)
+        return None
+
+    def _end_step(self, state: _StepState, ok: bool) -> None:
+        self.steps += 1
+        self.last = state.kind
+        self.last_entry = state.entry
+        if state.kind == "planned":
+            assert state.entry is not None
+            rt = state.entry.runtime
+            exc = sys.exc_info()
+            rt.__exit__(*exc) if not ok else rt.__exit__(None, None, None)
+        elif state.kind == "warmup":
+            assert state.offload is not None
+            state.offload.close()
+            if ok:
+                self._warm_pending = True
+        elif state.kind == "record":
+            rec = self._recording
+            assert rec is not None
+            self._recording = None
+            self._stop_forward_backward(rec)
+            if not ok:
+                self._close(rec)
+                return
+            self._pending = rec
+            if self.optimizer is None:
+                self._finish_recording()
+
+    # ---------------------------------------------------------------- recording
+    def _persistent(self) -> set[int]:
+        keys = {p.untyped_storage()._cdata for p in self.model.parameters()}
+        keys |= {b.untyped_storage()._cdata for b in self.model.buffers()}
+        return keys
+
+    def _start_recording(self, module: torch.nn.Module, args: tuple, kwargs: dict, key: str, desc: str) -> None:
+        dev = self.device
+        cuda = dev.type == "cuda"
+        recorder = _StepRecorder(TraceBuilder(), dev, time_ops=False, measure_scratch=True,
+                                 persistent=self._persistent())
+        _register_state(recorder, self.model, self.optimizer, (args, kwargs))
+        timeline = AllocatorTimeline() if dev.type == "cpu" else None
+        start = 0
+        if cuda:
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            start = torch.cuda.memory_allocated(dev)
+        rec = _Recording(recorder, key, desc, ModuleTracker(), timeline, start)
+        if timeline is not None:
+            rec.stack.enter_context(timeline)
+        self._recording = rec
+        self._enter_forward_backward(rec)
+        rec.tracker._fw_pre_hook(module, args)  # the root's call: the tracker's hook came after it
+        recorder.b.mark_module_call()
+
+    def _enter_forward_backward(self, rec: _Recording) -> None:
+        recorder = rec.recorder
+        fb = contextlib.ExitStack()
+
+        def module_call(module: torch.nn.Module, args: Any) -> None:
+            if recorder.active and recorder.phase == Phase.FORWARD:
+                recorder.b.mark_module_call()
+
+        fb.enter_context(contextlib.closing(_Handle(torch.nn.modules.module.register_module_forward_pre_hook(
+            module_call))))
+        recorder.tracker = fb.enter_context(rec.tracker)
+        fb.enter_context(recorder)
+        # ``loss.backward()`` makes the loss's gradient (ones) before autograd's engine starts:
+        # from the call on, ops are backward ops (the recorder marks them so in record_trace too).
+        backward = torch.autograd.backward
+
+        def marked_backward(*args: Any, **kwargs: Any) -> Any:
+            if recorder.active and recorder.phase == Phase.FORWARD:
+                recorder.phase = Phase.BACKWARD
+            return backward(*args, **kwargs)
+
+        torch.autograd.backward = marked_backward
+        fb.callback(setattr, torch.autograd, "backward", backward)
+        fb.enter_context(torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack))
+        recorder.phase = Phase.FORWARD
+        rec.fb = fb
+
+    def _stop_forward_backward(self, rec: _Recording) -> None:
+        if rec.fb is not None:
+            rec.fb.close()
+            rec.fb = None
+
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        rec = self._pending
+        if rec is None:
+            return
+        rec.recorder.phase = Phase.OPTIMIZER
+        rec.opt = contextlib.ExitStack()
+        rec.opt.enter_context(rec.recorder)
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._warm_pending:
+            self._warm, self._warm_pending = True, False
+        rec = self._pending
+        if rec is None or rec.opt is None:
+            return
+        rec.opt.close()
+        self._finish_recording()
+
+    def _close(self, rec: _Recording) -> None:
+        rec.recorder.active = False
+        rec.stack.close()
+
+    def _abandon(self, state: _StepState) -> None:
+        """Undo what the step turned on (an error inside the model's pre-hook)."""
+        if state.kind == "record" and self._recording is not None:
+            self._stop_forward_backward(self._recording)
+            self._close(self._recording)
+            self._recording = None
+        elif state.kind == "warmup" and state.offload is not None:
+            state.offload.close()
+        elif state.kind == "planned" and state.entry is not None:
+            state.entry.runtime.__exit__(None, None, None)
+        state.kind = "abandoned"
+
+    def _finish_recording(self) -> None:
+        rec, self._pending = self._pending, None
+        assert rec is not None
+        recorder = rec.recorder
+        peak = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            # The recorder resets the peak statistics at every op (scratch); it keeps their maximum.
+            peak = max(int(recorder.iteration_peak), int(torch.cuda.max_memory_allocated(self.device))) \
+                - rec.start_bytes
+        _end_iteration(recorder, self.model, self.optimizer)
+        self._close(rec)
+        _end_scratch(recorder, rec.timeline)
+        if rec.timeline is not None:
+            peak = int(rec.timeline.peak)
+        if peak is not None:
+            self.record_peaks[rec.key] = peak
+        meta = {"device": self.device.type, "profile": self.profile.name, "profile_params": self.profile.to_dict(),
+                "recorded_iterations": 1, "scratch": "measured", "recorded_by": "autoplan",
+                "model": type(self.model).__name__, "signature": rec.description,
+                "torch": torch.__version__}
+        if recorder.unannotated:
+            meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
+        try:
+            trace = recorder.b.build(meta)
+        except ValueError as e:
+            raise AutoPlanError(f"the recorded iteration is not a valid trace ({e}); please report it with "
+                                "the model") from None
+        trace = trace.with_durations(self.profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
+                                     timing="roofline")
+        if trace.n_ops == 0 or not len(trace.saved):
+            raise AutoPlanError("the step recorded no op that saves anything for backward: call the model and "
+                                "loss.backward() inside `with planned.step():`")
+        plan = self._make_plan(trace, rec.description)
+        entry = Entry(rec.key, rec.description, trace, plan)
+        self.entries[rec.key] = entry
+        if self.cache is not None:
+            self._save_entry(entry)
+
+    # ------------------------------------------------------------------ planning
+    def _make_plan(self, trace: Trace, desc: str) -> Plan:
+        limit = resolve_limit(trace, self.memory_limit)
+        if self.verbose:
+            print(f"dqn-swap: planning {desc} with {self.planner_name!r} at {format_bytes(limit)} ...",
+                  file=sys.stderr, flush=True)
+        with _rng_untouched(self.device):  # the user's random streams (dropout masks) are not the planner's
+            if self._planner is None:  # (building the DQN's network draws its initial weights)
+                from . import get_planner
+
+                self._planner = get_planner(self.planner_name, **self.planner_options)
+            plan = self._planner.plan(trace, limit)
+        feasible = bool(plan.figures.get("feasible", True))
+        self._note(f"planned {desc} with {self.planner_name!r} at {format_bytes(limit)}: {plan.n_swap} swaps, "
+                   f"{plan.n_recompute} recomputes, simulated overhead "
+                   f"{100 * float(plan.figures.get('overhead', 0.0)):.1f} %"
+                   + ("" if feasible else " (INFEASIBLE)"))
+        if not feasible and not self.allow_infeasible:
+            from .simulator import simulate
+
+            result = simulate(trace, plan)
+            why = result.infeasible.message(trace) if result.infeasible is not None else "over the limit"
+            method = plan.settings.get("limitation") if isinstance(plan.settings, dict) else None
+            raise AutoPlanError(f"planner {self.planner_name!r} found no plan under {format_bytes(limit)} for "
+                                f"{desc}: {why}{f' ({method})' if method else ''}; try another planner or a "
+                                "higher limit, or pass allow_infeasible=True to run it anyway")
+        return plan
+
+    def _runtime(self, entry: Entry) -> Any:
+        if entry.runtime is None:
+            from .runtime import PlannedExecution
+
+            opts = dict(self.runtime_options)
+            if self.allow_infeasible:
+                opts.setdefault("allow_infeasible", True)
+            entry.runtime = PlannedExecution(self.model, entry.plan, entry.trace, **opts)
+        return entry.runtime
+
+    def _note(self, line: str) -> None:
+        self.log.append(line)
+        log.info(line)
+        if self.verbose:
+            print(f"dqn-swap: {line}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ files
+    def _load_cache(self) -> None:
+        assert self.cache is not None
+        index = self.cache / "index.json"
+        if not index.exists():
+            return
+        try:
+            entries = json.loads(index.read_text())
+            if not isinstance(entries, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as e:
+            raise AutoPlanError(f"{index}: not a dqn-swap autoplan index ({e})") from None
+        for key, item in entries.items():
+            try:
+                trace = Trace.load(self.cache / item["trace"])
+                plan = Plan.load(self.cache / item["plan"], trace)
+            except (KeyError, TypeError) as e:
+                raise AutoPlanError(f"{index}: entry {key!r} is malformed ({e})") from None
+            self.entries[key] = Entry(key, str(item.get("signature", key)), trace, plan)
+        self._warm = True  # planned from the first step; the optimizer's state appears in the first one
+        self._note(f"loaded {len(self.entries)} plan(s) from {self.cache}")
+
+    def _save_entry(self, entry: Entry) -> None:
+        assert self.cache is not None
+        self.cache.mkdir(parents=True, exist_ok=True)
+        names = {"trace": f"{entry.key}.trace", "plan": f"{entry.key}.plan.json", "signature": entry.description}
+        if not (self.cache / names["trace"]).exists():
+            entry.trace.save(self.cache / names["trace"])
+        if not (self.cache / names["plan"]).exists():
+            entry.plan.save(self.cache / names["plan"])
+        index = self.cache / "index.json"
+        current = json.loads(index.read_text()) if index.exists() else {}
+        current.setdefault(entry.key, names)
+        write_atomically(index, (json.dumps(current, indent=1) + "\n").encode(), overwrite=True)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write every trace and plan made so far into ``directory`` (``cache=`` reads them back)."""
+        saved, self.cache = self.cache, Path(directory)
+        try:
+            for entry in self.entries.values():
+                self._save_entry(entry)
+        finally:
+            self.cache = saved if saved is not None else Path(directory)
+        return Path(directory)
+
+    # ------------------------------------------------------------------ misc
+    def remove(self) -> None:
+        """Take autoplan's hooks off the model and optimizer: later steps run unplanned."""
+        self._root_hook.remove()
+        for h in self._opt_hooks:
+            h.remove()
+
+    @property
+    def stats(self) -> Any:
+        """The last planned step's :class:`~dqn_swap.runtime.IterationStats` (None before one ran)."""
+        done = [e.runtime for e in self.entries.values() if e.runtime is not None and e.runtime.stats is not None]
+        return done[-1].stats if done else None
+
+    def summary(self) -> dict[str, Any]:
+        return {"steps": self.steps, "planner": self.planner_name, "last": self.last, "log": list(self.log),
+                "record_peaks": dict(self.record_peaks),
+                "plans": {k: {"signature": e.description, "swaps": e.plan.n_swap, "recomputes": e.plan.n_recompute,
+                              "memory_limit": e.plan.memory_limit, "overhead": e.plan.figures.get("overhead")}
+                          for k, e in self.entries.items()}}
+
+
+class _Handle:
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = "dqn",
+             optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
+             allow_infeasible: bool = False, new_shapes: str = "plan", **options: Any) -> AutoPlan:
+    """Turn on planned training in your own loop: ``with planned.step():`` around each forward and
+    backward (:mod:`dqn_swap.autoplan`).
+
+    Args:
+        model: the module the loop calls (any call: positional, keyword, Hugging Face outputs).
+        memory_limit: any form of :mod:`dqn_swap.limits` (``"50%"``, ``"0.5x"``, ``"8GiB"``);
+            a percentage is of each recorded iteration's own range.
+        planner: a planner of :func:`dqn_swap.get_planner` (``dqn``, ``dqn-search``, the baselines).
+        optimizer: the optimizer the loop steps; its state and its step join the trace.  Without
+            it the trace holds forward and backward alone.
+        cache: a folder keeping traces and plans across runs (read first, then added to).
+        allow_infeasible: follow a plan the simulator found over the limit (refused otherwise).
+        new_shapes: ``"plan"`` (record and plan a call of a new signature) or ``"refuse"``.
+        **options: ``profile`` (device profile for op times), ``planner_options``,
+            ``runtime_options`` (for :class:`~dqn_swap.runtime.PlannedExecution`), ``verbose``.
+    """
+    return AutoPlan(model, memory_limit, planner=planner, optimizer=optimizer, cache=cache,
+                    allow_infeasible=allow_infeasible, new_shapes=new_shapes, **options)
+
+
+__all__ = ["AutoPlan", "AutoPlanError", "Entry", "autoplan", "signature"]
