@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures here (and a .md beside)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from machine import machine
+    from machine import commit, machine
 
     rows = []
     for name in args.models.split(","):
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['autoplan_over_planned_execution']:.4f}, PlannedExecution / unplanned "
                   f"{row['planned_execution_over_unplanned']:.4f}, autoplan / unplanned "
                   f"{row['autoplan_over_unplanned']:.4f}", file=sys.stderr, flush=True)
-    result = {"machine": machine(), "command": " ".join(["python", "benchmarks/bench_autoplan.py", *sys.argv[1:]]),
+    result = {"machine": machine(), **commit(), "command": " ".join(["python", "benchmarks/bench_autoplan.py", *sys.argv[1:]]),
               "rows": rows}
     md = ["| model | planner | limit | swaps | recomputes | unplanned (ms) | PlannedExecution (ms) | autoplan (ms) "
           "| autoplan / PlannedExecution | autoplan / unplanned |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -136,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         Path(args.json).with_suffix(".md").write_text(
-            f"Command: `{result['command']}`\n\nMachine: {result['machine']}\n\n" + "\n".join(md) + "\n")
+            f"Command: `{result['command']}`\n\nCommit: {result['commit']}"
+            + (f" (modified: {', '.join(result['modified'])})" if result["modified"] else "")
+            + f"\n\nMachine: {result['machine']}, one thread; median CPU seconds of the thread per step, the three "
+            "methods' steps interleaved\n\n" + "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

@@ -204,21 +204,6 @@ DEFAULT_MEMORY_MODELS = ",".join([
     "hf:llama:4", "hf:vit:4@bf16"])
 
 
-def _commit() -> dict[str, Any]:
-    """The checked-out commit and whether tracked files differ from it (read-only git plumbing)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": git("rev-parse", "HEAD"), "modified": git("diff-index", "--name-only", "HEAD", "--").split()}
-
-
 class _Subject:
     """One model of the ``memory`` benchmark in one loop: its trace, and a fresh run of the loop
     (planned or not) giving the measured peak and the state training left."""
@@ -317,7 +302,7 @@ def memory(args: argparse.Namespace) -> int:
     from dqn_swap.cli.experiment import get_run_planner
     from dqn_swap.simulator import Simulator, simulate
     from dqn_swap.trace import resolve_memory_limit
-    from machine import machine
+    from machine import commit, machine
 
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
@@ -391,7 +376,7 @@ def memory(args: argparse.Namespace) -> int:
                                                for r in rows if r["planner"] == "unplanned"},
         "seconds": time.perf_counter() - t_start,
     }
-    result = {"machine": machine(), **_commit(), "threads": args.threads, "loop": args.loop,
+    result = {"machine": machine(), **commit(), "threads": args.threads, "loop": args.loop,
               "command": " ".join(["python", "benchmarks/bench_runtime.py", *sys.argv[1:]]),
               "summary": summary, "rows": rows}
     write(args, result, memory_markdown(result))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 
 def machine() -> str:
@@ -27,3 +29,16 @@ def machine() -> str:
     except ImportError:
         pass
     return text
+
+
+def commit() -> dict[str, object]:
+    """The checked-out commit and the tracked files that differ from it (read-only git plumbing)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"), "modified": git("diff-index", "--name-only", "HEAD", "--").split()}
