@@ -72,6 +72,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .runtime_support import _flat
+
 ACCUMULATION = 2
 MAX_NORM = 1.0
 DATA_SEED = 1
@@ -560,23 +562,12 @@ def measured_loop_peak(loop: Loop, runtime: Any, baseline: int, iterations: int 
 def state_of(loop: Loop) -> dict[str, Any]:
     """Everything training leaves: the model's ``state_dict``, the optimizer's, the scheduler's, the losses."""
     return {"model": {k: v.detach().clone() for k, v in loop.w.model.state_dict().items()},
-            "optimizer": _flat(loop.optimizer.state_dict()),
+            "optimizer": {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                          for k, v in _flat(loop.optimizer.state_dict()).items()},
             "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
             "losses": list(loop.losses)}
 
 
-def _flat(x: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(x, dict):
-        out: dict[str, Any] = {}
-        for k, v in x.items():
-            out.update(_flat(v, f"{prefix}{k}/"))
-        return out
-    if isinstance(x, (list, tuple)):
-        out = {}
-        for i, v in enumerate(x):
-            out.update(_flat(v, f"{prefix}{i}/"))
-        return out
-    return {prefix.rstrip("/"): x.detach().clone() if isinstance(x, torch.Tensor) else x}
 
 
 def differences(ref: dict[str, Any], got: dict[str, Any]) -> list[str]:

@@ -269,14 +269,7 @@ class _Iteration:
         self.n_packed = k + 1
         if k >= self.n_saved:
             self.too_many_packs()
-        # The live check, before anything acts on this tensor: what autograd saves at pack k must be
-        # what the recorder saw there (shape, dtype, storage size).
-        dtype, shape, size, below = self.expected[k]
-        if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
-            self.mismatch(k, t)
-        nbytes = t.untyped_storage().nbytes()
-        if nbytes > size or nbytes <= below:
-            self.mismatch(k, t)
+        self.check(k, t)  # the live check, before anything acts on this tensor
         if self.pending_borrowed:
             self.release_borrowed(self.pack_op[k])
         mode = self.mode
@@ -296,6 +289,16 @@ class _Iteration:
             self.paused = False
         return packed
 
+    def check(self, k: int, t: torch.Tensor) -> None:
+        """The live check: what autograd saves at pack ``k`` must be what the recorder saw there
+        (shape, dtype, storage size); the first difference stops the iteration (:meth:`mismatch`)."""
+        dtype, shape, size, below = self.expected[k]
+        if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
+            self.mismatch(k, t)
+        nbytes = t.untyped_storage().nbytes()
+        if nbytes > size or nbytes <= below:
+            self.mismatch(k, t)
+
     def check_pack(self, t: torch.Tensor) -> torch.Tensor:
         """The pack hook of a plan without actions: the live check of the first pack alone (the
         batch, usually), then the hooks come off: checking every pack would cost an empty plan
@@ -310,12 +313,7 @@ class _Iteration:
         torch._C._autograd._pop_saved_tensors_default_hooks()
         self.hooks_pushed = False
         self.stats.hooks_off_after = k
-        dtype, shape, size, below = self.expected[k]
-        if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
-            self.mismatch(k, t)
-        nbytes = t.untyped_storage().nbytes()
-        if nbytes > size or nbytes <= below:
-            self.mismatch(k, t)
+        self.check(k, t)
         # Not ``t`` itself: an output its own node saves would then hold that node through its
         # ``grad_fn``, a reference cycle through C++ that no collector sees, and a graph dropped
         # without backward (an exception, a forward pass only) would never be freed.  The alias
