@@ -76,8 +76,9 @@ def fast_subset(i: int, j: int) -> tuple[tuple[str, ...], str]:
 #: moment autograd releases a node.
 _WRAPPED = ("a few bytes above the prediction: a Python number autograd keeps for backward (T5's d_model**-0.5 "
             "scale, a loss divided by 2) is a tensor the trace does not see")
-_EARLY = ("above the prediction and the limit by one prefetched tensor: on the cpu the runtime fills a prefetch's "
-          "device buffer inside the forward loss op, earlier than the simulator counts it")
+_EARLY = ("above the prediction and the limit by one prefetched tensor's bytes: the peak is measured where the "
+          "prefetch scheduled at the end of the forward pass (the loop's loss / 2) fills its device buffer; the "
+          "simulator counts that buffer from the same op, so what else is alive then is not yet found")
 KNOWN = {
     ("t5@bf16", "checkpoint", "70%"): _WRAPPED,
     ("t5", "checkpoint", "70%"): _WRAPPED,
