@@ -583,7 +583,7 @@ class AutoPlan:
         entry = Entry(rec.key, rec.description, trace, plan)
         self.entries[rec.key] = entry
         if self.cache is not None:
-            self._save_entry(entry)
+            self._save_entry(entry, self.cache)
 
     # ------------------------------------------------------------------ planning
     def _make_plan(self, trace: Trace, desc: str) -> Plan:
@@ -651,27 +651,25 @@ class AutoPlan:
         self._warm = True  # planned from the first step; the optimizer's state appears in the first one
         self._note(f"loaded {len(self.entries)} plan(s) from {self.cache}")
 
-    def _save_entry(self, entry: Entry) -> None:
-        assert self.cache is not None
-        self.cache.mkdir(parents=True, exist_ok=True)
+    def _save_entry(self, entry: Entry, folder: Path) -> None:
+        """Write ``entry``'s trace and plan into ``folder`` and name them in its index; files already
+        there are kept as they are (a signature's trace and plan are written once)."""
+        folder.mkdir(parents=True, exist_ok=True)
         names = {"trace": f"{entry.key}.trace", "plan": f"{entry.key}.plan.json", "signature": entry.description}
-        if not (self.cache / names["trace"]).exists():
-            entry.trace.save(self.cache / names["trace"])
-        if not (self.cache / names["plan"]).exists():
-            entry.plan.save(self.cache / names["plan"])
-        index = self.cache / "index.json"
+        if not (folder / names["trace"]).exists():
+            entry.trace.save(folder / names["trace"])
+        if not (folder / names["plan"]).exists():
+            entry.plan.save(folder / names["plan"])
+        index = folder / "index.json"
         current = json.loads(index.read_text()) if index.exists() else {}
-        current.setdefault(entry.key, names)
-        write_atomically(index, (json.dumps(current, indent=1) + "\n").encode(), overwrite=True)
+        if entry.key not in current:
+            current[entry.key] = names
+            write_atomically(index, (json.dumps(current, indent=1) + "\n").encode(), overwrite=True)
 
     def save(self, directory: str | Path) -> Path:
         """Write every trace and plan made so far into ``directory`` (``cache=`` reads them back)."""
-        saved, self.cache = self.cache, Path(directory)
-        try:
-            for entry in self.entries.values():
-                self._save_entry(entry)
-        finally:
-            self.cache = saved if saved is not None else Path(directory)
+        for entry in self.entries.values():
+            self._save_entry(entry, Path(directory))
         return Path(directory)
 
     # ------------------------------------------------------------------ misc

@@ -211,6 +211,15 @@ def test_plans_saved_and_given_back_start_planned(tmp_path: Path) -> None:
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing rewritten
 
 
+def test_save_then_start_planned_from_the_folder(tmp_path: Path) -> None:
+    data = batches(4)
+    _, _, planned, _ = run(fresh(), data, {"memory_limit": "40%", "planner": "lru"})
+    planned.save(tmp_path / "plans")
+    assert len(json.loads((tmp_path / "plans" / "index.json").read_text())) == 2
+    _, _, again, _ = run(fresh(), data, {"memory_limit": "40%", "planner": "lru", "cache": tmp_path / "plans"})
+    assert again.log[0].startswith("loaded 2 plan(s)") and again.last == "planned"
+
+
 def test_bad_arguments_get_one_line() -> None:
     with pytest.raises(AutoPlanError, match="needs a torch.nn.Module"):
         autoplan(lambda x: x, "50%")
