@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures here (and a .md beside)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from machine import commit, machine
+    from machine import commit, machine, relative_paths
 
     rows = []
     for name in args.models.split(","):
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
            f"{r['median_step_s']['autoplan'] * 1e3:.2f} | {r['autoplan_over_planned_execution']:.4f} | "
            f"{r['autoplan_over_unplanned']:.4f} |" for r in rows]
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
         Path(args.json).with_suffix(".md").write_text(
             f"Command: `{result['command']}`\n\nCommit: {result['commit']}"
             + (f" (modified: {', '.join(result['modified'])})" if result["modified"] else "")

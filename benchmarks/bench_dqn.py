@@ -78,11 +78,11 @@ def grid_agent(agents_dir: Path | None, model: str, frac: float) -> Path | None:
 
 def write_json(obj: Any, path: str | None) -> None:
     if path:
-        from machine import machine
+        from machine import machine, relative_paths
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         obj = {"machine": machine(), "command": " ".join(sys.argv), **obj}
-        Path(path).write_text(json.dumps(obj, indent=1, default=float) + "\n")
+        Path(path).write_text(json.dumps(relative_paths(obj), indent=1, default=float) + "\n")
 
 
 # ----------------------------------------------------------------------------- speed
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=list(GRID))
     p.add_argument("--md", help="also write the table as markdown here")
     p.add_argument("--tolerance", type=float, default=0.0,
-                   help="a cell counts for the DQN at or below the best baseline's overhead plus this (issue 13: 1e-3)")
+                   help="a cell counts for the DQN at or below the best baseline's overhead plus this (the recorded grids used 1e-3)")
     p.add_argument("--optimal", default=str(ROOT / "benchmarks" / "results" / "optimal_grid.json"),
                    help="bench_optimal.py grid's results: distance of each plan to the certified bound")
     p = sub.add_parser("train-grid"); p.add_argument("--agent", default=str(DEFAULT_AGENT))

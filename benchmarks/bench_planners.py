@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dqn_swap.agents.baselines import PLANNERS, get_planner
-from machine import machine
+from machine import machine, relative_paths
 from dqn_swap.cost import get_profile
 from dqn_swap.trace import Trace, format_bytes
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
               f"profile {args.profile}")
         print(table(rows))
     if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.output).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
     return 0
 
 

@@ -1,10 +1,10 @@
-"""Recording and trace-loading performance (issue 2).
+"""Recording and trace-loading performance: ResNet-50 b64, ResNet-1001 and ResNet-1517 at b256.
 
 Each case records in a fresh subprocess, so its peak host memory (ru_maxrss)
 is its own.  Prints a markdown table, or JSON with --json; writes nothing
 unless -o is given.
 
-    python benchmarks/bench_record.py                       # the issue's cases
+    python benchmarks/bench_record.py                       # the default cases
     python benchmarks/bench_record.py --case resnet50:64 --json
 """
 
@@ -17,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import relative_paths  # noqa: E402
 
 CASES = ["resnet50:64", "resnet1001:256", "resnet1517:256"]
 
@@ -54,7 +57,7 @@ def run_case(case: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", action="append", help="MODEL:BATCH (repeatable); default: the issue's cases")
+    ap.add_argument("--case", action="append", help="MODEL:BATCH (repeatable); default: " + ", ".join(CASES))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-o", "--output", help="also write the JSON results here")
     args = ap.parse_args()
@@ -63,7 +66,7 @@ def main() -> None:
                          f"{__import__('os').cpu_count()} cores, {platform.python_version()}",
               "results": rows}
     if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.output).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
     if args.json:
         print(json.dumps(result, indent=1))
         return

@@ -134,10 +134,12 @@ def record(name: str, batch: int):  # noqa: ANN201
 
 
 def write(args: argparse.Namespace, result: dict[str, Any], md: str) -> None:
+    from machine import relative_paths
+
     print(md)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
         Path(args.json).with_suffix(".md").write_text(md)
 
 
@@ -300,7 +302,7 @@ def memory(args: argparse.Namespace) -> int:
     import torch
 
     from dqn_swap.cli.experiment import get_run_planner
-    from dqn_swap.simulator import Simulator, simulate
+    from dqn_swap.simulator import instant_copy_peak, simulate
     from dqn_swap.trace import resolve_memory_limit
     from machine import commit, machine
 
@@ -326,7 +328,7 @@ def memory(args: argparse.Namespace) -> int:
                 result = simulate(trace, plan)
                 if not plan.actions or not result.feasible:
                     continue
-                predicted = int(Simulator(trace, limit).instant_copy_memory(plan.actions, result.schedule).max())
+                predicted = instant_copy_peak(trace, plan, result)
                 row = {**base, "planner": planner, "limit": pct, "limit_bytes": limit, "predicted": predicted,
                        "simulated_peak": int(result.peak_bytes), "swaps": plan.n_swap,
                        "recomputes": plan.n_recompute}

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile_top)
         print(out.getvalue(), file=sys.stderr)
 
-    from machine import machine
+    from machine import machine, relative_paths
 
     report = {
         "machine": machine(),
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(report, indent=1))
     if args.output:
-        args.output.write_text(json.dumps(report, indent=1) + "\n")
+        args.output.write_text(json.dumps(relative_paths(report), indent=1) + "\n")
     return 0
 
 

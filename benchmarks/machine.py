@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -42,3 +43,19 @@ def commit() -> dict[str, object]:
             return ""
 
     return {"commit": git("rev-parse", "HEAD"), "modified": git("diff-index", "--name-only", "HEAD", "--").split()}
+
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+_SCRATCH = re.compile(r"/tmp/(?:[\w.@%+-]+/)*([\w.@%+-]+)")
+
+
+def relative_paths(obj: object) -> object:
+    """``obj`` (strings, lists and dicts of them) with this machine's paths taken out: a path inside
+    the repository relative to its root, a file in /tmp by its name alone."""
+    if isinstance(obj, str):
+        return _SCRATCH.sub(r"\1", obj.replace(_ROOT + "/", "").replace(_ROOT, "."))
+    if isinstance(obj, dict):
+        return {k: relative_paths(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [relative_paths(v) for v in obj]
+    return obj

@@ -1035,6 +1035,14 @@ def schedule_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None = None
     return plan.with_schedule(result.schedule)
 
 
+def instant_copy_peak(trace: Trace, plan: Plan, result: SimResult | None = None) -> int:
+    """The peak a synchronous runtime (the CPU) holds when it follows ``plan``: the most of
+    :meth:`Simulator.instant_copy_memory` under the plan's schedule (``result``: its simulation,
+    when already at hand).  What measured CPU peaks are compared with."""
+    schedule = (result if result is not None else simulate(trace, plan)).schedule
+    return int(Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions, schedule).max())
+
+
 def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limit: int | None = None,
              profile: DeviceProfile | None = None, *, timeline: bool = False,
              overcommit: bool = False) -> SimResult:

@@ -62,7 +62,6 @@ import hashlib
 import json
 import logging
 import sys
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +80,7 @@ from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
 from .recorder import _end_iteration, _end_scratch, _Recorder, _register_state, _Saved
-from .trace import Phase, Role, Trace, TraceBuilder, format_bytes
+from .trace import Phase, Trace, TraceBuilder, format_bytes
 
 log = logging.getLogger("dqn_swap.autoplan")
 

@@ -274,7 +274,7 @@ def test_hugging_face_trainer_with_the_callback() -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from dqn_swap.meter import AllocatorTimeline
-    from dqn_swap.simulator import Simulator, simulate
+    from dqn_swap.simulator import instant_copy_peak
     from dqn_swap.trainer import AutoPlanCallback
 
     transformers.logging.set_verbosity_error()
@@ -319,9 +319,7 @@ def test_hugging_face_trainer_with_the_callback() -> None:
                 seen[entry.key] = seen.get(entry.key, 0) + 1
                 if seen[entry.key] > 1:
                     plan, trace = entry.plan, entry.trace
-                    schedule = simulate(trace, plan).schedule
-                    predicted = int(Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions,
-                                                                                             schedule).max())
+                    predicted = instant_copy_peak(trace, plan)
                     peaks.append((entry.description, trace.initial_bytes + timeline.peak, predicted,
                                   plan.memory_limit))
 

@@ -20,7 +20,7 @@ from torch import nn
 from dqn_swap.cli.experiment import measured_cpu_peak
 from dqn_swap.recorder import record_trace
 from dqn_swap.runtime import PlannedExecution, make_plan, saved_activations
-from dqn_swap.simulator import Simulator, simulate
+from dqn_swap.simulator import Simulator, instant_copy_peak, simulate
 from dqn_swap.trace import Role, resolve_memory_limit
 
 
@@ -78,7 +78,7 @@ def _held_inputs(gen: torch.Generator):  # noqa: ANN202
 
 def _measure(build, trace, plan) -> tuple[int, int]:  # noqa: ANN001
     result = simulate(trace, plan)
-    predicted = int(Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions, result.schedule).max())
+    predicted = instant_copy_peak(trace, plan, result)
     assert predicted <= result.peak_bytes <= plan.memory_limit
     model, inputs, loss_fn, make_opt = build()
     opt = make_opt(model.parameters())

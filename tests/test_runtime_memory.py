@@ -29,7 +29,7 @@ from dqn_swap.cli.experiment import measured_cpu_peak
 from dqn_swap.plan import Plan
 from dqn_swap.runtime import PlannedExecution
 from dqn_swap.runtime.execution import HeldInputWarning
-from dqn_swap.simulator import Simulator, simulate
+from dqn_swap.simulator import instant_copy_peak, simulate
 from dqn_swap.trace import resolve_memory_limit
 
 from .runtime_support import MODELS, trace_of
@@ -77,7 +77,7 @@ def test_measured_peak_is_under_the_limit_and_as_predicted(name: str, planner: s
     trace = trace_of(name)
     plan = plan_for(name, planner, limit)
     result = simulate(trace, plan)
-    predicted = int(Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions, result.schedule).max())
+    predicted = instant_copy_peak(trace, plan, result)
     assert predicted <= result.peak_bytes <= plan.memory_limit
     w = MODELS[name]()
     opt = w.make_optimizer(w.model.parameters())
@@ -96,7 +96,7 @@ def test_a_plan_swapping_a_held_input_is_carried_out_without_it(name: str, plann
     trace = trace_of(name)
     plan = plan_for(name, planner, limit)
     result = simulate(trace, plan)
-    predicted = int(Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions, result.schedule).max())
+    predicted = instant_copy_peak(trace, plan, result)
     inputs = sum(int(trace.tensor_nbytes[a.tensor]) for a in plan.actions if trace.tensor_alloc_op[a.tensor] < 0)
     w = MODELS[name]()
     opt = w.make_optimizer(w.model.parameters())

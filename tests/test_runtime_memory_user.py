@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from dqn_swap.runtime import PlannedExecution
-from dqn_swap.simulator import Simulator, simulate
+from dqn_swap.simulator import instant_copy_peak, simulate
 from dqn_swap.trace import Trace, resolve_memory_limit
 
 from . import user_models as um
@@ -162,7 +162,7 @@ def test_planned_loop_under_the_limit_as_predicted_and_bit_identical(name: str, 
     trace = trace_of(name)
     plan = plan_for(name, planner, limit)
     result = simulate(trace, plan)
-    predicted = int(Simulator(trace, plan.memory_limit).instant_copy_memory(plan.actions, result.schedule).max())
+    predicted = instant_copy_peak(trace, plan, result)
     assert predicted <= result.peak_bytes <= plan.memory_limit
     measured, state = run(name, plan)
     _, ref_state = reference(name)

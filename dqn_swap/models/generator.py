@@ -11,7 +11,7 @@ Families are split, by family, into training, validation and test sets
 (:data:`FAMILIES`, :func:`family_names`): a planner is trained on the training
 families, tuned on the validation families, and its generalization is measured on the
 test families, which it has never seen.  The test families are the five kinds of
-network the shipped agent was measured on outside the zoo (issue 13): MobileNetV2-style
+network the shipped agent was measured on outside the zoo: MobileNetV2-style
 inverted residuals, vision transformers, GRU sequence-to-sequence models, wide ResNets
 and MLP-mixers.
 
