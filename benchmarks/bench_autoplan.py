@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from dqn_swap.files import write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -134,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
            f"{r['median_step_s']['autoplan'] * 1e3:.2f} | {r['autoplan_over_planned_execution']:.4f} | "
            f"{r['autoplan_over_unplanned']:.4f} |" for r in rows]
     if args.json:
-        Path(args.json).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
-        Path(args.json).with_suffix(".md").write_text(
+        write_text(Path(args.json), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
+        write_text(Path(args.json).with_suffix(".md"),
             f"Command: `{result['command']}`\n\nCommit: {result['commit']}"
             + (f" (modified: {', '.join(result['modified'])})" if result["modified"] else "")
             + f"\n\nMachine: {result['machine']}, one thread; median CPU seconds of the thread per step, the three "
-            "methods' steps interleaved\n\n" + "\n".join(md) + "\n")
+            "methods' steps interleaved\n\n" + "\n".join(md) + "\n", overwrite=True)
     print("\n".join(md))
     return 0
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dqn_swap.files import save_figure, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -82,7 +83,7 @@ def write_json(obj: Any, path: str | None) -> None:
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         obj = {"machine": machine(), "command": " ".join(sys.argv), **obj}
-        Path(path).write_text(json.dumps(relative_paths(obj), indent=1, default=float) + "\n")
+        write_text(Path(path), json.dumps(relative_paths(obj), indent=1, default=float) + "\n", overwrite=True)
 
 
 # ----------------------------------------------------------------------------- speed
@@ -193,7 +194,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                 except Exception as e:  # a baseline that cannot plan this cell
                     cell[name] = {"feasible": False, "overhead": float("inf"), "error": str(e)[:100]}
             cache[key] = {n: cell[n] for n in names}
-            CACHE.write_text(json.dumps(cache, default=float))
+            write_text(CACHE, json.dumps(cache, default=float), overwrite=True)
             t0 = time.perf_counter()
             cell["dqn"] = _figures(trace, dqn.plan(trace, limit, PROFILE), limit) | {"seconds": time.perf_counter() - t0}
             if search is not None:
@@ -408,7 +409,7 @@ def bench_transfer_plot(args: argparse.Namespace) -> dict[str, Any]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.plot, dpi=110)
+    save_figure(fig, args.plot, overwrite=True, dpi=110)
     return out
 
 
@@ -549,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "md", None):
         from machine import machine
 
-        Path(args.md).write_text(f"{machine()}; `{' '.join(sys.argv)}`\n\n" + grid_markdown(result))
+        write_text(Path(args.md), f"{machine()}; `{' '.join(sys.argv)}`\n\n" + grid_markdown(result), overwrite=True)
     return 0
 
 

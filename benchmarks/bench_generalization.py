@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_dqn import DEFAULT_AGENT, LIMITS, pct, write_json  # noqa: E402
 from bench_optimal import BASELINES  # noqa: E402
+from dqn_swap.files import write_text
 CORPUS = ROOT / "runs" / "corpus"
 
 
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(result)
     print(text)
     if args.md:
-        Path(args.md).write_text(text)
+        write_text(Path(args.md), text, overwrite=True)
     return 0
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_dqn import DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, get_trace, grid_agent, pct  # noqa: E402
+from dqn_swap.files import save_figure, write_text
 
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
@@ -147,7 +148,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         from machine import machine
 
         head = f"{machine()}; `{' '.join(sys.argv)}`\n\n"
-        Path(args.md).write_text(head + grid_markdown(result))
+        write_text(Path(args.md), head + grid_markdown(result), overwrite=True)
     return result
 
 
@@ -193,7 +194,7 @@ def bench_scaling(args: argparse.Namespace) -> dict[str, Any]:
                          f"{r['binaries']} | {r['constraints']} | {r['seconds']:.0f} | {100 * r['gap']:.3f} % | {r['rounds']} |")
         from machine import machine
 
-        Path(args.md).write_text(f"{machine()}; `{' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n")
+        write_text(Path(args.md), f"{machine()}; `{' '.join(sys.argv)}`\n\n" + "\n".join(lines) + "\n", overwrite=True)
     if args.png:
         import matplotlib
 
@@ -213,7 +214,7 @@ def bench_scaling(args: argparse.Namespace) -> dict[str, Any]:
             a.legend(title="limit")
             a.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(args.png, dpi=120)
+        save_figure(fig, args.png, overwrite=True, dpi=120)
     return result
 
 

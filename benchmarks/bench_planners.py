@@ -30,6 +30,7 @@ from dqn_swap.agents.baselines import PLANNERS, get_planner
 from machine import machine, relative_paths
 from dqn_swap.cost import get_profile
 from dqn_swap.trace import Trace, format_bytes
+from dqn_swap.files import write_text
 
 
 def record(model: str, batch_size: int, profile: str) -> tuple[Trace, float]:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
               f"profile {args.profile}")
         print(table(rows))
     if args.output:
-        Path(args.output).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
+        write_text(Path(args.output), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
     return 0
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import relative_paths  # noqa: E402
 
+from dqn_swap.files import write_text  # noqa: E402
+
 CASES = ["resnet50:64", "resnet1001:256", "resnet1517:256"]
 
 CHILD = r"""
@@ -66,7 +68,7 @@ def main() -> None:
                          f"{__import__('os').cpu_count()} cores, {platform.python_version()}",
               "results": rows}
     if args.output:
-        Path(args.output).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
+        write_text(Path(args.output), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
     if args.json:
         print(json.dumps(result, indent=1))
         return

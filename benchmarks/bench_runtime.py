@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from dqn_swap.models import split_model_spec
+from dqn_swap.files import write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,9 +101,9 @@ def gpu(args: argparse.Namespace) -> int:
             progress=lambda m: print(f"[bench]   {m}", file=sys.stderr, flush=True)))
     RESULTS.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "_", name_gpu.lower()).strip("_")
-    (RESULTS / f"runtime_{slug}.json").write_text(json.dumps({"gpu": name_gpu, "reports": reports}, indent=1,
-                                                             default=str) + "\n")
-    (RESULTS / f"runtime_{slug}.md").write_text(markdown(name_gpu, reports))
+    write_text(RESULTS / f"runtime_{slug}.json", json.dumps({"gpu": name_gpu, "reports": reports}, indent=1,
+                                                                     default=str) + "\n", overwrite=True)
+    write_text(RESULTS / f"runtime_{slug}.md", markdown(name_gpu, reports), overwrite=True)
     print(markdown(name_gpu, reports))
     return 0
 
@@ -139,8 +140,8 @@ def write(args: argparse.Namespace, result: dict[str, Any], md: str) -> None:
     print(md)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(relative_paths(result), indent=1) + "\n")
-        Path(args.json).with_suffix(".md").write_text(md)
+        write_text(Path(args.json), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
+        write_text(Path(args.json).with_suffix(".md"), md, overwrite=True)
 
 
 # --------------------------------------------------------------------------- overhead

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dqn_swap.plan import Action, ActionKind  # noqa: E402
 from dqn_swap.simulator import Simulator  # noqa: E402
 from dqn_swap.trace import Phase, Role, Trace, TraceBuilder  # noqa: E402
+from dqn_swap.files import write_text
 
 
 def recorded_trace(model: str, batch: int) -> Trace:
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(report, indent=1))
     if args.output:
-        args.output.write_text(json.dumps(relative_paths(report), indent=1) + "\n")
+        write_text(args.output, json.dumps(relative_paths(report), indent=1) + "\n", overwrite=True)
     return 0
 
 

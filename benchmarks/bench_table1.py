@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from dqn_swap.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(result)
     print(text)
     if args.md:
-        Path(args.md).write_text(text + "\n")
+        write_text(Path(args.md), text + "\n", overwrite=True)
     if args.plot:
         plot(result, Path(args.plot))
     return 0

@@ -1,28 +1,97 @@
-"""Writing files a user keeps: never half-written under the real name, nothing left behind on failure."""
+"""Writing files a user keeps: never half-written under the real name, nothing left behind on failure,
+never through a link someone planted.
+
+Every file the project writes (traces, plans, checkpoints, reports, tables, plots, cache indexes)
+goes through :func:`write_atomically`:
+
+1. the bytes go to a temporary file created *exclusively* (``O_CREAT | O_EXCL``, through
+   :func:`tempfile.mkstemp`) in the target's folder under an unpredictable name, so a symbolic link
+   planted at a guessable temporary name is never opened, let alone followed;
+2. the temporary file is flushed and given the permissions a plain ``open(path, "w")`` would give;
+3. it then takes the final name in one step: with ``overwrite`` by :func:`os.replace` (which replaces
+   a link at the final name by the file, and never writes into the link's target), without it by
+   :func:`os.link`, which fails if the name exists, so of two writers racing for one new output
+   exactly one wins and the other is told, and nothing the first wrote is lost.
+
+If anything fails (disk full, file-size limit, a signal), the temporary file is removed and the
+error raised: the final name holds the old file or nothing, never a partial one.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False) -> Path:
-    """Write ``data`` to ``path`` through a temporary file beside it, then rename it into place.
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
-    A file already at ``path`` is replaced only with ``overwrite``; if writing fails (disk full,
-    permission), the temporary file is removed and the error raised.
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False) -> Path:
+    """Write ``data`` to ``path`` through an exclusive temporary file beside it, then move it into place.
+
+    A file (or link) already at ``path`` is replaced only with ``overwrite``; without it the write
+    fails with :class:`FileExistsError`, also when another writer creates ``path`` meanwhile.
     """
     path = Path(path)
-    if path.exists() and not overwrite:
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    if (path.exists() or path.is_symlink()) and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{path}: directory {folder} does not exist")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    tmp = Path(name)
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
 
 
-__all__ = ["write_atomically"]
+def _link_new(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the name ``path`` only if no file has it, atomically; then drop ``tmp``."""
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except FileExistsError:
+        raise FileExistsError(f"{path}: already exists (pass --force to replace it)") from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # A file system without hard links: check, then rename (a narrow race, but no link is followed).
+        if path.exists() or path.is_symlink():
+            raise FileExistsError(f"{path}: already exists (pass --force to replace it)") from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, overwrite: bool = False) -> Path:
+    """:func:`write_atomically` for text (UTF-8)."""
+    return write_atomically(path, text.encode("utf-8"), overwrite=overwrite)
+
+
+def save_figure(fig, path: str | os.PathLike[str], *, overwrite: bool = False, **savefig_kwargs) -> Path:
+    """Render a Matplotlib figure in memory, then :func:`write_atomically` it (PNG unless the suffix says)."""
+    import io
+
+    buf = io.BytesIO()
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    fig.savefig(buf, format=fmt, **savefig_kwargs)
+    return write_atomically(path, buf.getvalue(), overwrite=overwrite)
+
+
+__all__ = ["save_figure", "write_atomically", "write_text"]

@@ -51,8 +51,13 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> Path:
 
 
 def save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=120, bbox_inches="tight", metadata=MARKER)
-    _pyplot().close(fig)
+    """Write the figure (``check_output`` has decided it may replace what is there), then close it."""
+    from .files import save_figure
+
+    try:
+        save_figure(fig, path, overwrite=True, dpi=120, bbox_inches="tight", metadata=MARKER)
+    finally:
+        _pyplot().close(fig)
     return path
 
 

@@ -287,24 +287,3 @@ def test_python_api(files: Path) -> None:
         message = str(info.value)
         assert words in message, f"case {i}: {message}"
         assert "\n" not in message.strip(), f"case {i}: {message}"
-
-
-def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The disk fills up while a trace, a plan or an agent is written: the error comes through,
-    the real name never holds half a file, and the temporary file is gone."""
-    from dqn_swap.files import write_atomically
-
-    def full(self: Path, data: bytes) -> int:
-        with open(self, "wb") as f:
-            f.write(data[: len(data) // 2])
-        raise OSError(28, "No space left on device")
-
-    (tmp_path / "keep.trace").write_bytes(b"the user's file")
-    monkeypatch.setattr(Path, "write_bytes", full)
-    with pytest.raises(OSError, match="No space left"):
-        write_atomically(tmp_path / "keep.trace", b"x" * 1000, overwrite=True)
-    with pytest.raises(OSError, match="No space left"):
-        write_atomically(tmp_path / "new.json", b"x" * 1000)
-    monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.trace"]
-    assert (tmp_path / "keep.trace").read_bytes() == b"the user's file"

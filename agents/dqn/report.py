@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dqn_swap.trace import Trace
+from dqn_swap.files import save_figure
 
 
 def load_trace_spec(spec: str, profile: str = "v100-pcie3") -> Trace:
@@ -76,6 +77,8 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: str | os.PathL
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, metadata={"Software": "dqn-swap"})
-    plt.close(fig)
+    try:
+        save_figure(fig, path, overwrite=True, metadata={"Software": "dqn-swap"})
+    finally:
+        plt.close(fig)
     return path

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..files import write_text
 from .common import SEARCH_SIMULATIONS_HELP, load_trace, on_terminal, print_json, seconds, simulations
 from .simulate_cmd import LIMIT_HELP
 
@@ -234,11 +235,12 @@ def run(args: argparse.Namespace) -> int:
     md_path = check_output(folder / "compare.md", args.force)
     csv_path = check_output(folder / "compare.csv", args.force)
     table = markdown_table(rows)
-    md_path.write_text(table.lstrip() + "\n")
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    csv_text = io.StringIO(newline="")
+    w = csv.DictWriter(csv_text, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    write_text(md_path, table.lstrip() + "\n", overwrite=True)
+    write_text(csv_path, csv_text.getvalue(), overwrite=True)
     plots = plot_comparison(rows, folder, args.force)
     if args.json:
         print_json(rows)

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..files import write_text
 from .common import batch_size
 
 # The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                                   max_batch_methods=max_batch, agent=args.agent, progress=say)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        write_text(out, json.dumps(report, indent=1, default=str) + "\n", overwrite=True)
         report["report"] = str(out)
     if args.json:
         print(json.dumps(report, indent=2, default=str))

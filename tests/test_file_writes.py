@@ -1,0 +1,159 @@
+"""Every file the project writes goes through ``dqn_swap.files.write_atomically``: these tests plant
+links, fill the disk and race two writers, and check that nothing is followed, lost or left behind."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from dqn_swap.files import save_figure, write_atomically, write_text
+
+
+def test_a_link_at_the_old_predictable_temporary_name_is_never_opened(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file")
+    (tmp_path / f".p.json.{os.getpid()}.tmp").symlink_to(victim)
+    write_atomically(tmp_path / "p.json", b"plan")
+    assert victim.read_text() == "someone else's file"
+    assert (tmp_path / "p.json").read_bytes() == b"plan"
+
+
+def test_a_link_at_the_final_name_is_refused_or_replaced_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file")
+    link = tmp_path / "out.json"
+    link.symlink_to(victim)
+    with pytest.raises(FileExistsError, match="out.json: already exists"):
+        write_atomically(link, b"new")
+    write_atomically(link, b"new", overwrite=True)
+    assert victim.read_text() == "someone else's file"
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "nowhere" / "x")
+    with pytest.raises(FileExistsError):
+        write_atomically(dangling, b"new")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_temporary_names_are_unpredictable_and_created_exclusively(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    seen: list[str] = []
+    real = tempfile.mkstemp
+
+    def spy(*args, **kwargs):
+        fd, name = real(*args, **kwargs)
+        seen.append(name)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
+    write_atomically(tmp_path / "a", b"1")
+    write_atomically(tmp_path / "a", b"2", overwrite=True)
+    assert len(seen) == 2 and seen[0] != seen[1]
+    assert all(str(os.getpid()) not in Path(n).name for n in seen)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_permissions_are_those_of_a_plain_write(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    ours = write_atomically(tmp_path / "ours", b"x")
+    assert (ours.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
+
+
+def test_two_writers_of_one_new_output_one_wins_nothing_is_lost(tmp_path: Path) -> None:
+    target = tmp_path / "plan.json"
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        try:
+            write_atomically(target, f"writer {i}".encode())
+            outcomes.append(f"won {i}")
+        except FileExistsError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o.startswith("won")]
+    assert len(winners) == 1 and outcomes.count("refused") == 7
+    assert target.read_text() == f"writer {winners[0].split()[1]}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+_FSIZE_CHILD = """
+import resource, sys
+from pathlib import Path
+from dqn_swap.files import write_atomically
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+folder = Path(sys.argv[1])
+for name, overwrite in (("keep.trace", True), ("new.json", False)):
+    try:
+        write_atomically(folder / name, b"x" * 100_000, overwrite=overwrite)
+    except OSError as e:
+        print(name, e.errno)
+"""
+
+
+@pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="no file-size limit here")
+def test_a_full_disk_leaves_the_old_file_and_nothing_else(tmp_path: Path) -> None:
+    """A file-size limit (what a full disk looks like to a writer) stops the write midway: the
+    error comes through, the real name keeps the user's file, and no temporary file is left."""
+    (tmp_path / "keep.trace").write_bytes(b"the user's file")
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", _FSIZE_CHILD, str(tmp_path)], capture_output=True, text=True,
+                         env=env, timeout=120, preexec_fn=lambda: __import__("signal").signal(
+                             __import__("signal").SIGXFSZ, __import__("signal").SIG_IGN))
+    assert out.stdout.split() == ["keep.trace", "27", "new.json", "27"], out.stdout + out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.trace"]
+    assert (tmp_path / "keep.trace").read_bytes() == b"the user's file"
+
+
+def test_text_and_figures_go_through_the_same_door(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"keep")
+    (tmp_path / "plot.png").symlink_to(victim)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    save_figure(fig, tmp_path / "plot.png", overwrite=True)
+    plt.close(fig)
+    assert victim.read_bytes() == b"keep"
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    write_text(tmp_path / "t.md", "é\n")
+    assert (tmp_path / "t.md").read_bytes() == "é\n".encode()
+
+
+def test_the_command_line_never_writes_through_a_planted_link(tmp_path: Path, capsys, monkeypatch) -> None:
+    """``plan -o`` and ``record -o`` with a link planted at the output: refused without --force; with
+    --force the link itself is replaced and the file it pointed to is untouched."""
+    from dqn_swap.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file")
+    Path("t.trace").symlink_to(victim)
+    assert main(["record", "--model", "mlp_tiny", "--batch-size", "2", "--device", "meta", "-o", "t.trace"]) != 0
+    assert "t.trace: already exists" in capsys.readouterr().err
+    assert main(["record", "--model", "mlp_tiny", "--batch-size", "2", "--device", "meta", "-o", "t.trace",
+                 "--force"]) == 0
+    assert victim.read_text() == "someone else's file" and not Path("t.trace").is_symlink()
+    Path("p.json").symlink_to(victim)
+    assert main(["plan", "t.trace", "-m", "60%", "--planner", "lru", "-o", "p.json"]) != 0
+    assert main(["plan", "t.trace", "-m", "60%", "--planner", "lru", "-o", "p.json", "--force"]) == 0
+    assert victim.read_text() == "someone else's file" and not Path("p.json").is_symlink()
+    capsys.readouterr()
