@@ -65,6 +65,23 @@ class DeviceProfile:
     launch_overhead: float = 5e-6
     transfer_latency: float = 10e-6
 
+    def __post_init__(self) -> None:
+        import math
+
+        for name in ("name", "description"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"device profile: {name} is {getattr(self, name)!r}, not a string")
+        if not isinstance(self.duplex, bool):
+            raise ValueError(f"device profile {self.name}: duplex is {self.duplex!r}, not true or false")
+        for name in ("matrix_flops", "vector_flops", "memory_bandwidth", "d2h_bandwidth", "h2d_bandwidth",
+                     "memory_bytes", "efficiency", "launch_overhead", "transfer_latency"):
+            value = getattr(self, name)
+            positive = name not in ("launch_overhead", "transfer_latency")
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or value < 0 or (positive and value == 0) or (name == "efficiency" and value > 1)):
+                want = "in (0, 1]" if name == "efficiency" else "a positive number" if positive else "a number >= 0"
+                raise ValueError(f"device profile {self.name}: {name} is {value!r}, not {want}")
+
     def compute_time(self, flops: np.ndarray | float, bytes_moved: np.ndarray | float,
                      is_matrix: np.ndarray | bool) -> np.ndarray:
         """Roofline time of ops (vectorised over arrays)."""

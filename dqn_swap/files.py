@@ -94,4 +94,20 @@ def save_figure(fig, path: str | os.PathLike[str], *, overwrite: bool = False, *
     return write_atomically(path, buf.getvalue(), overwrite=overwrite)
 
 
-__all__ = ["save_figure", "write_atomically", "write_text"]
+def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be read as a file without blocking or reading forever (a FIFO, a socket,
+    a device), or ``None`` for a regular file, a folder or a missing path (their loaders say those)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"{path}: is {kind}, not a regular file"
+
+
+__all__ = ["not_a_regular_file", "save_figure", "write_atomically", "write_text"]

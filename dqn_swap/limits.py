@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Union
 
-from .trace import format_bytes, parse_bytes
+from .trace import MAX_BYTES, format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -122,8 +122,9 @@ class MemoryLimit:
             limit = int(round(self.value * (unplanned_peak if unplanned_peak is not None else high)))
         else:
             limit = int(self.value)
-        if limit > 2**62:
-            raise MemoryLimitError(f"memory limit {self} is beyond any device ({format_bytes(limit)})")
+        if limit > MAX_BYTES:
+            raise MemoryLimitError(f"memory limit {self} is beyond any device ({format_bytes(limit)}; "
+                                   f"{format_bytes(MAX_BYTES)} at most)")
         if check_minimum and limit < low:
             raise MemoryLimitError(
                 f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this trace, "

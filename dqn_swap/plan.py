@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
-from .files import write_atomically
+from .files import not_a_regular_file, write_atomically
+from .trace import MAX_BYTES
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -170,8 +171,9 @@ class Plan:
             raise PlanError(f"{where}: plan format version {d.get('version')} is not supported "
                             f"(this dqn-swap reads versions {', '.join(map(str, READ_VERSIONS))})")
         limit = d.get("memory_limit")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-            raise PlanError(f"{where}: memory_limit must be a positive number of bytes, not {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_BYTES:
+            raise PlanError(f"{where}: memory_limit must be a positive number of bytes up to {MAX_BYTES} "
+                            f"(beyond any device above), not {limit!r}")
         try:
             actions = tuple(Action(int(e), int(t), ActionKind[str(k).upper()]) for e, t, k in d["actions"])
             tensors = [a.tensor for a in actions]
@@ -193,6 +195,9 @@ class Plan:
     def load(cls, path: str | os.PathLike[str], trace: "Trace | None" = None) -> "Plan":
         """Read a plan; with ``trace``, check that the plan was made for it."""
         path = Path(path)
+        special = not_a_regular_file(path)
+        if special:
+            raise PlanError(special)
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:

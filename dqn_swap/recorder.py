@@ -85,6 +85,9 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
+# Backward ops that make a zero-filled tensor a formula then fills (:meth:`_Recorder.fill_in_place`).
+_ZERO_FILL = frozenset({"aten.new_zeros", "aten.zeros", "aten.zeros_like"})
+
 # Bytes of the tensor PyTorch wraps a Python number in (``wrapped_scalar_tensor``: bool, int64,
 # double, complex double) when it is given where an op's schema wants a Tensor.
 _WRAPPED_BYTES = {bool: 1, int: 8, float: 8, complex: 16}
@@ -142,6 +145,8 @@ class _Recorder(TorchDispatchMode):
         self.active = True
         self.error_op: str | None = None
         self.accumulations: list[tuple[int, int, int]] = []  # (op, first operand, result): see accumulate_in_place
+        self.zero_filled: dict[int, int] = {}  # backward tensor made by a zero-fill factory -> its op
+        self.fills: list[tuple[int, int, int]] = []  # (op, zero-filled first operand, result): see fill_in_place
         self.tensor_slots: dict[torch._ops.OpOverload, tuple[int, ...]] = {}
         # Bytes alive while an op runs that the dispatcher never shows as tensors (see wrapped_bytes and
         # fold_constants): added to the op's scratch once its kernel's own is known (finish_scratch).
@@ -329,6 +334,11 @@ class _Recorder(TorchDispatchMode):
             self.extra_scratch[i] = self.extra_scratch.get(i, 0) + wrapped
         if fresh and self.accumulation_candidate(func, args, kwargs, out):
             self.accumulations.append((i, reads[0], fresh[0]))
+        if self.phase == Phase.BACKWARD and len(fresh) == 1:
+            if str(packet) in _ZERO_FILL:
+                self.zero_filled[fresh[0]] = i
+            elif self.zero_filled and self.fill_candidate(func, args, out):
+                self.fills.append((i, self.seen[args[0]], fresh[0]))
         if self.measure_scratch and self.device_type == "cpu":
             self.marked.append((d, i, new_bytes))
         if self.time_ops:
@@ -349,7 +359,54 @@ class _Recorder(TorchDispatchMode):
                 and not a._is_view() and a.shape == out.shape and a.dtype == out.dtype and is_non_overlapping_and_dense_or_false(a)
                 and a.untyped_storage().nbytes() == out.untyped_storage().nbytes())
 
-    def accumulate_in_place(self) -> None:
+    def fill_candidate(self, func: torch._ops.OpOverload, args: tuple, out: Any) -> bool:
+        """Whether ``func`` may be the out-of-place form of an in-place write into a zero-filled tensor
+        the same backward formula just made (``zeros(...).index_add(...)``): see :meth:`fill_in_place`."""
+        a = args[0] if args else None
+        if not (isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and self.seen.get(a) in self.zero_filled):
+            return False
+        name = func._overloadpacket.__name__
+        if not (name.endswith("_scatter") or hasattr(torch.ops.aten, name + "_")):
+            return False
+        return (a.dtype == out.dtype and a.shape == out.shape
+                and a.untyped_storage().nbytes() == out.untyped_storage().nbytes())
+
+    def fill_in_place(self) -> dict[int, int]:
+        """Record the in-place writes that backward formulas make into a fresh zero-filled tensor as
+        the in-place writes they are outside the recorder; returns the renamed tensors (result -> the
+        tensor written).
+
+        Several of autograd's formulas build a gradient by filling a fresh zero tensor in place
+        (``grad.new_zeros(sizes).index_add_(dim, index, grad)`` for ``index_select``, ``scatter_add_``
+        for ``gather``, ``index_put_`` for indexing, ``masked_scatter_`` for ``masked_select``) unless an
+        operand is "tensor-subclass-like" (``at::areAnyTensorSubclassLike``), in which case they call the
+        out-of-place form.  Under any ``TorchDispatchMode`` every tensor counts as subclass-like, so the
+        recorder sees the out-of-place form: a second tensor of the gradient's size alive at once with
+        the zeros (measured on the allocator's timeline: ``index_select``'s backward allocates one block
+        outside the recorder, two under it).  A backward op whose first operand is a zero-filled tensor
+        made in backward (``new_zeros``, ``zeros``, ``zeros_like``), read by nothing else, never saved and
+        freed by that very op, whose result is shaped like it and which has an in-place form (``op_``, or
+        is a ``*_scatter`` op, the functional form of a write into a view), writes that tensor instead
+        of allocating a new one."""
+        b = self.b
+        merged: dict[int, int] = {}
+        if not self.fills:
+            return merged
+        users: dict[int, set[int]] = {}
+        wanted = {into for _, into, _ in self.fills}
+        for kind, op, t in b.events:
+            if t in wanted and kind != EventKind.FREE:
+                users.setdefault(t, set()).add(op)
+        for op, into, out in self.fills:
+            alloc = b.t_alloc[into]
+            if (b.t_free[into] == op and b.t_saved[into] < 0 and b.t_role[into] == Role.TEMPORARY
+                    and self.zero_filled.get(into) == alloc and users.get(into, set()) <= {alloc, op}
+                    and b.t_alloc[out] == op and b.t_nbytes[out] == b.t_nbytes[into]):
+                b.write_in_place(op, out, into)
+                merged[out] = into
+        return merged
+
+    def accumulate_in_place(self, merged: dict[int, int] | None = None) -> None:
         """Record autograd's gradient accumulation as the in-place add it is outside the recorder.
 
         The autograd engine sums two gradients of one tensor with ``old.add_(new)`` when it
@@ -363,7 +420,7 @@ class _Recorder(TorchDispatchMode):
         place in training: the trace writes ``a`` instead of allocating a new tensor.
         """
         b = self.b
-        merged: dict[int, int] = {}
+        merged = dict(merged or {})  # tensors already renamed (fill_in_place): result -> the tensor it became
         for op, into, out in self.accumulations:
             into = merged.get(into, into)
             alloc = b.t_alloc[into]
@@ -689,7 +746,7 @@ def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim
     recorder.mark_still_held()
     recorder.fold_constants()
     _assign_roles(recorder, model, opt)
-    recorder.accumulate_in_place()
+    recorder.accumulate_in_place(recorder.fill_in_place())
 
 
 def _end_scratch(recorder: _Recorder, timeline: AllocatorTimeline | None) -> None:

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from .files import write_atomically
+from .files import not_a_regular_file, write_atomically
 
 FORMAT = "dqn-swap-trace"
 VERSION = 2
@@ -101,6 +101,8 @@ MOVABLE_ROLES = (Role.SAVED,)
 
 #: Bytes a single tensor (or a whole trace) may claim: 1 PiB, beyond any device (a corrupt file says more).
 MAX_BYTES = 2**50
+#: Seconds one iteration may claim (a year): a corrupt file says more, and the sum of its ops then overflows.
+MAX_SECONDS = 365 * 24 * 3600.0
 
 
 class TraceError(ValueError):
@@ -503,6 +505,9 @@ class Trace:
     def load(cls, path: str | os.PathLike[str]) -> "Trace":
         """Read a trace file; any problem raises :class:`TraceError` with one line."""
         path = Path(path)
+        special = not_a_regular_file(path)
+        if special:
+            raise TraceError(special)
         try:
             with open(path, "rb") as f:
                 magic = f.read(4)
@@ -526,6 +531,11 @@ class Trace:
                     dtype = _ARRAYS[name] if name in _ARRAYS else _OPTIONAL[name][0]
                     if array.ndim != 1 or array.dtype.kind != dtype.kind:
                         raise TraceError(f"{path}: corrupt trace, column {name} is not a 1-d {dtype} array")
+                    if dtype.kind == "i" and array.size and array.dtype.itemsize > dtype.itemsize:
+                        info = np.iinfo(dtype)  # check before the cast, which would wrap silently
+                        if array.min() < info.min or array.max() > info.max:
+                            raise TraceError(f"{path}: corrupt trace, column {name} holds {int(array.max())} "
+                                             f"or {int(array.min())}, outside {dtype}")
         except TraceError:
             raise
         except FileNotFoundError:
@@ -548,6 +558,7 @@ class Trace:
         def bad(msg: str) -> TraceError:
             return TraceError(f"{where}: corrupt trace, {msg}")
 
+        self._validate_meta(bad)
         n_ops, n_t, n_e = self.n_ops, self.n_tensors, self.n_events
         if n_ops == 0:
             raise bad("no ops (a trace records at least one)")
@@ -608,6 +619,132 @@ class Trace:
             raise bad("a tensor's allocating or freeing op is out of range")
         if len(self.saved) and (self.saved.min() < 0 or self.saved.max() >= n_t):
             raise bad("saved-tensor table refers to a tensor out of range")
+        self._validate_structure(bad)
+
+    def _validate_structure(self, bad: Any) -> None:
+        """What an iteration can be: each tensor's events in order, phases in order, packs in forward,
+        every saved index where the saved table says, totals that no sum overflows.
+
+        Per tensor, in event order: its malloc first (and only when it is allocated in the
+        iteration, at its allocating op), then reads and writes, then at most one free (at its
+        freeing op, the last event).  Ops run forward, then backward, then the optimizer, and
+        every event's op is at or after its tensor's allocation: the graph of producers is
+        then ordered by op, so it has no cycle.
+        """
+        n_t = self.n_tensors
+        kind, op, tensor = self.event_kind, self.event_op, self.event_tensor
+        order = np.lexsort((np.arange(len(tensor)), tensor))  # events grouped by tensor, in order
+        ts, ks = tensor[order], kind[order]
+        first = np.r_[True, ts[1:] != ts[:-1]] if len(ts) else np.zeros(0, bool)
+        last = np.r_[ts[1:] != ts[:-1], True] if len(ts) else np.zeros(0, bool)
+        alloc, free = self.tensor_alloc_op, self.tensor_free_op
+        is_malloc, is_free = kind == EventKind.MALLOC, kind == EventKind.FREE
+        mallocs = np.bincount(tensor[is_malloc], minlength=n_t)
+        frees = np.bincount(tensor[is_free], minlength=n_t)
+
+        def first_of(mask: np.ndarray) -> int:
+            return int(np.flatnonzero(mask)[0])
+
+        wrong = mallocs != (alloc >= 0)
+        if wrong.any():
+            t = first_of(wrong)
+            raise bad(f"tensor {t} has {int(mallocs[t])} malloc events but its allocating op is {int(alloc[t])} "
+                      "(one malloc for a tensor allocated in the iteration, none for one that existed before)")
+        wrong = frees != (free >= 0)
+        if wrong.any():
+            t = first_of(wrong)
+            raise bad(f"tensor {t} has {int(frees[t])} free events but its freeing op is {int(free[t])} "
+                      "(one free for a tensor freed in the iteration, none for one that outlives it)")
+        wrong = (ks == EventKind.MALLOC) & ~first
+        if wrong.any():
+            t = int(ts[first_of(wrong)])
+            raise bad(f"tensor {t} is used before its malloc (op {int(alloc[t])})")
+        wrong = (ks == EventKind.FREE) & ~last
+        if wrong.any():
+            t = int(ts[first_of(wrong)])
+            raise bad(f"tensor {t} is used after its free (op {int(free[t])})")
+        wrong = is_malloc & (op != alloc[tensor])
+        if wrong.any():
+            e = first_of(wrong)
+            raise bad(f"tensor {int(tensor[e])}'s malloc event is at op {int(op[e])} but its allocating op is "
+                      f"{int(alloc[tensor[e]])}")
+        wrong = is_free & (op != free[tensor])
+        if wrong.any():
+            e = first_of(wrong)
+            raise bad(f"tensor {int(tensor[e])}'s free event is at op {int(op[e])} but its freeing op is "
+                      f"{int(free[tensor[e]])}")
+        roles = self.tensor_role
+        leak = (alloc >= 0) & (free < 0) & (roles == Role.SAVED)
+        if leak.any():
+            t = first_of(leak)
+            raise bad(f"tensor {t} (saved for backward) is allocated at op {int(alloc[t])} and never freed "
+                      "(backward frees what forward saved)")
+        phase = self.op_phase.astype(np.int64)
+        if np.any(np.diff(phase) < 0):
+            o = int(np.flatnonzero(np.diff(phase) < 0)[0]) + 1
+            raise bad(f"op {o} is {Phase(int(phase[o])).name.lower()} after a {Phase(int(phase[o - 1])).name.lower()}"
+                      " op (an iteration runs forward, then backward, then the optimizer)")
+        if len(self.saved):
+            if phase[0] != Phase.FORWARD:
+                raise bad("tensors are saved for backward but no op runs forward")
+            known = self.saved_op[self.saved_op >= 0]
+            n_forward = int(np.sum(phase == Phase.FORWARD))
+            if len(known) and known.max() > n_forward:
+                raise bad(f"a pack happens after op {int(known.max())}, past the forward pass ({n_forward} ops)")
+        # The saved index of a tensor is its first position in the saved table, and only saved tensors have one.
+        index = self.tensor_saved_index
+        expected = np.full(n_t, -1, dtype=np.int64)
+        positions = np.arange(len(self.saved), dtype=np.int64)
+        expected[self.saved[::-1]] = positions[::-1]  # the first position wins
+        wrong = index != expected
+        if wrong.any():
+            t = first_of(wrong)
+            raise bad(f"tensor {t}'s saved index is {int(index[t])} but the saved table puts it at "
+                      f"{int(expected[t])} (-1: never saved)")
+        # Totals: every tensor alive at once, and the whole iteration's time, stay within bounds,
+        # so no sum of them overflows and no plan is made for a machine that cannot exist.
+        size = self.tensor_nbytes.astype(np.float64)
+        if size.sum() + float(self.op_scratch.max(initial=0)) > MAX_BYTES:
+            # Sums in float: the int64 ones of op_memory could overflow on a file that says too much.
+            delta = np.where(is_malloc, size[tensor], 0.0) - np.where(is_free, size[tensor], 0.0)
+            alive = float(size[alloc < 0].sum()) + np.cumsum(delta)
+            peak = float(np.max(alive, initial=0.0)) + float(self.op_scratch.max(initial=0))
+            if peak > MAX_BYTES:
+                raise bad(f"the iteration needs about {format_bytes(peak)} at its peak, beyond any device "
+                          f"({format_bytes(MAX_BYTES)} at most)")
+        for name in ("op_duration", "op_flops", "op_bytes"):
+            values = getattr(self, name)
+            with np.errstate(over="ignore"):
+                total_f = float(values.sum())
+            if not np.isfinite(total_f) or (name == "op_duration" and total_f > MAX_SECONDS):
+                raise bad(f"{name} sums to {total_f:.3g}"
+                          + (f", beyond {MAX_SECONDS:.0f} s for one iteration" if name == "op_duration" else ""))
+
+    def _validate_meta(self, bad: Any) -> None:
+        """The name tables and the metadata the planners read have the right types."""
+        for name in ("op_names", "module_names"):
+            table = getattr(self, name)
+            if not isinstance(table, list) or not all(isinstance(x, str) for x in table):
+                raise bad(f"{name} is not a list of strings")
+        if not isinstance(self.meta, dict):
+            raise bad("metadata is not a JSON object")
+        for key, types in (("profile", (str,)), ("profile_params", (dict,)), ("model", (str,)),
+                           ("device", (str,)), ("inputs_released", (bool,)), ("batch_size", (int,))):
+            value = self.meta.get(key)
+            if value is not None and (not isinstance(value, types) or isinstance(value, bool) != (bool in types)):
+                raise bad(f"metadata {key} is {value!r}, not a {types[0].__name__}")
+        name, params = self.meta.get("profile"), self.meta.get("profile_params")
+        if name is not None or params is not None:
+            from .cost import PROFILES, profile_of
+
+            try:
+                profile = profile_of(self)
+            except (ValueError, TypeError, KeyError) as e:
+                raise bad(f"metadata profile: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            if name is not None and name != profile.name:
+                raise bad(f"metadata profile {name!r} disagrees with its profile_params ({profile.name!r})")
+            if params is None and name not in PROFILES:
+                raise bad(f"metadata profile {name!r} is unknown and has no profile_params")
 
     # -------------------------------------------------------------- summary
     def summary(self) -> dict[str, Any]:

@@ -79,6 +79,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "negative.json": lambda p: p.update(memory_limit=-5),
         "zero.json": lambda p: p.update(memory_limit=0),
         "bool.json": lambda p: p.update(memory_limit=True),
+        "limit2_64.json": lambda p: p.update(memory_limit=2**64),
+        "limit1e30.json": lambda p: p.update(memory_limit=10**30),
+        "limitfloat.json": lambda p: p.update(memory_limit=1e30),
         "dup.json": lambda p: p.update(actions=[p["actions"][0], p["actions"][0]]),
         "outside.json": lambda p: p.update(actions=[[10**9, 1, "swap"]]),
         "badkind.json": lambda p: p.update(actions=[[p["actions"][0][0], p["actions"][0][1], "teleport"]]),
@@ -204,6 +207,21 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cuda"], "--device cuda"),
     (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "-o", PLAN], "p.json: already exists"),
     (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "--planner", "nosuch"], "nosuch"),
+    # one set of bounds for limits, counts and sizes
+    (["simulate", TRACE, "--plan", "limit2_64.json"], "limit2_64.json: memory_limit must be a positive number"),
+    (["simulate", TRACE, "--plan", "limit1e30.json"], "limit1e30.json: memory_limit must be a positive number"),
+    (["simulate", TRACE, "--plan", "limitfloat.json"], "limitfloat.json: memory_limit must be a positive"),
+    (["simulate", TRACE, "-m", "1e30", "--planner", "lru"], "beyond any device"),
+    (["simulate", TRACE, "-m", "2000TiB", "--planner", "lru"], "beyond any device"),
+    (["train", TRACE, "-m", "50%", "--threads", "0", "-o", "a.pt"], "--threads: must be a whole number of threads"),
+    (["train", TRACE, "-m", "50%", "--threads", "-3", "-o", "a.pt"], "--threads: must be a whole number"),
+    (["train", TRACE, "-m", "50%", "--threads", "1e9", "-o", "a.pt"], "--threads: must be a whole number"),
+    (["train", TRACE, "-m", "50%", "--steps", "0", "-o", "a.pt"], "--steps: must be a whole number of steps"),
+    (["train", TRACE, "-m", "50%", "--steps", "-5", "-o", "a.pt"], "--steps: must be a whole number"),
+    (["train", TRACE, "-m", "50%", "--seed", "-1", "-o", "a.pt"], "--seed: must be a whole number of seed"),
+    (["finetune", TRACE, "--from", AGENT, "--steps", "0", "-o", "b.pt"], "--steps: must be a whole number"),
+    (["record", "--model", "mlp_tiny", "--seed", "x", "-o", "x.trace"], "--seed: must be a whole number"),
+    (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "--steps", "0"], "--steps: must be a whole"),
     # the command itself
     (["nosuch"], "invalid choice: 'nosuch'"),
     (["simulate"], "the following arguments are required"),
@@ -287,3 +305,25 @@ def test_python_api(files: Path) -> None:
         message = str(info.value)
         assert words in message, f"case {i}: {message}"
         assert "\n" not in message.strip(), f"case {i}: {message}"
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"model_type": "vit", "image_size": "abc", "hidden_size": 32, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "intermediate_size": 64, "patch_size": 4}, "image_size"),
+    ({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "intermediate_size": 64, "vocab_size": 100, "attn_implementation": "flash_attention_2"}, "FlashAttention2"),
+    ({"model_type": "llama", "hidden_size": -4, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "intermediate_size": 64, "vocab_size": 100}, "cfg"),
+    ({"model_type": "nosuchtype"}, "not a Hugging Face model configuration"),
+])
+def test_a_hugging_face_config_the_library_rejects(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch, fields: dict, words: str) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(fields))
+    code, err = cli(["record", "--model", "hf:cfg", "--batch-size", "2", "--device", "meta", "-o", "x.trace"], capsys)
+    line = err.strip()
+    assert code == 2 and "Traceback" not in err and "\n" not in line, err
+    assert "cfg" in line and words in line, line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cfg", "config.json"]

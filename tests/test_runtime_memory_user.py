@@ -87,8 +87,6 @@ KNOWN = {
     ("t5@bf16", "dqn", "70%"): _EARLY,
     ("t5@bf16", "lru", "70%"): _EARLY,
     ("t5@bf16", "lru", "40%"): _EARLY,
-    ("gin", "checkpoint", "70%"): ("measured 0.948 of the prediction: combined actions over-predict (single actions "
-                                   "measure exactly); not yet found"),
 }
 
 
@@ -172,3 +170,15 @@ def test_planned_loop_under_the_limit_as_predicted_and_bit_identical(name: str, 
     assert 0.95 * predicted <= measured <= predicted, f"not as predicted: {figures}"
     diffs = um.differences(ref_state, state)
     assert not diffs, f"{name} {planner} {limit}: not bit-identical to unplanned training: {diffs[:5]}"
+
+
+@pytest.mark.parametrize("name,planner,limit", [("gin", "layrub", "30%"), ("gin", "checkpoint", "70%"),
+                                                ("distilbert@bf16", "window", "70%")])
+def test_reported_cases_are_as_predicted(name: str, planner: str, limit: str) -> None:
+    """GIN measured 49152 B (one [192, 64] fp32 tensor) below every planned prediction (0.94-0.948): its
+    peak moved to ``index_select``'s backward, which the recorder saw out of place (a dispatch mode makes
+    tensors "subclass-like"; :meth:`dqn_swap.recorder._Recorder.fill_in_place`).  DistilBERT in bf16 under
+    the window planner measured 16384 B above (1.0068): a prefetch scheduled at the op after the loss began
+    at the loss's output pack, while its 128 KiB fp32 logits were still alive
+    (:func:`dqn_swap.runtime.index.pack_positions`)."""
+    test_planned_loop_under_the_limit_as_predicted_and_bit_identical(name, planner, limit)

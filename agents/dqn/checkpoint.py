@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dqn_swap.files import write_atomically
+from dqn_swap.files import not_a_regular_file, write_atomically
 
 from .config import DQNConfig
 from .policy import QNetwork
@@ -56,6 +56,9 @@ def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *
 
 
 def _load_raw(path: Path, fmt: str) -> dict[str, Any]:
+    special = not_a_regular_file(path)
+    if special:
+        raise CheckpointError(special)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -36,6 +36,30 @@ def batch_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def whole(low: int, high: int, what: str):
+    """An argparse type: a whole number of ``what`` from ``low`` to ``high``, said in one line otherwise
+    (the bounds of the command line and of the Python API are the same numbers)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what} from {low} to {high}, not {text!r}")
+        return value
+
+    parse.__name__ = what.replace(" ", "_")  # argparse names the type in its messages
+    return parse
+
+
+#: Bounds shared by the commands: environment or training steps, random seeds, CPU threads.
+MAX_STEPS = 10**9
+MAX_SEED = 2**63 - 1
+MAX_THREADS = 4096
+
+
 def simulations(text: str) -> int:
     """argparse type of ``--search-simulations``: a whole number, 0 or more, said in one line otherwise."""
     import argparse

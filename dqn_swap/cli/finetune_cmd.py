@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .common import MAX_SEED, MAX_STEPS, whole
 from .train_cmd import (TRACE_HELP, add_training_options, check_outputs, check_settings, command_line,
                         load_traces, log_dir, split_limits, summarise, training_limits)
 
@@ -23,12 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="source", metavar="CHECKPOINT",
                    help="agent to start from (default: the shipped agent, checkpoints/default.pt)")
     add_training_options(p, default_limits="90%,70%,50%,30%")
-    p.add_argument("--steps", type=int,
+    p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"),
                    help="environment steps (default: a quarter of the agent's own training, at least 1000)")
     p.add_argument("--start-e", type=float, default=0.2,
                    help="exploration at the start: the chance of a random action, decaying over the first "
                         "30%% of the steps (default 0.2; training from scratch starts at 1.0)")
-    p.add_argument("--seed", type=int, help="random seed (default: the starting agent's)")
+    p.add_argument("--seed", type=whole(0, MAX_SEED, "seed"), help="random seed (default: the starting agent's)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted fine-tuning from the -o file's resume file")
     p.set_defaults(func=run)

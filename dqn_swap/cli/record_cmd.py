@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from ..cost import DEFAULT_PROFILE, PROFILES
-from .common import batch_size, human, print_json, print_table
+from .common import MAX_SEED, batch_size, human, print_json, print_table, whole
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=DEFAULT_PROFILE,
                    help=f"device profile for op and transfer times: {', '.join(PROFILES)} "
                         f"(default {DEFAULT_PROFILE}); 'measured' measures the local GPU")
-    p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
+    p.add_argument("--seed", type=whole(0, MAX_SEED, "seed"), default=0, help="random seed for weights and inputs")
     p.add_argument("--inputs-released", action="store_true",
                    help="the training loop hands the batch to the model and keeps no reference to it "
                         "until backward is over (the runtime owns it, as in the papers): plans may then "

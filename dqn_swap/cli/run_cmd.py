@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..files import write_text
-from .common import batch_size
+from .common import MAX_SEED, MAX_STEPS, batch_size, whole
 
 # The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
 # --help does not import torch (a test checks they agree).
@@ -45,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"who plans: {', '.join(PLANNER_NAMES)}, or the runtime's own "
                         f"{', '.join(RUNTIME_PLANNERS)} (default dqn, the shipped agent)")
     p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search (default: checkpoints/default.pt)")
-    p.add_argument("--steps", type=int, default=10, help="measured training steps per method, after one "
+    p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), default=10, help="measured training steps per method, after one "
                                                          "warm-up step (default 10)")
     p.add_argument("--device", choices=["cuda", "cpu"],
                    help="where to train (default: cuda when a GPU is available, else cpu)")
@@ -58,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", help="memory budget of --max-batch, same forms as --memory-limit "
                                     "(default: the limit)")
     p.add_argument("--profile", help="device profile for planning (default: measured on CUDA, v100-pcie3 on the CPU)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs (default 0)")
+    p.add_argument("--seed", type=whole(0, MAX_SEED, "seed"), default=0, help="random seed for weights and inputs (default 0)")
     p.add_argument("--no-expandable-segments", action="store_true",
                    help="keep CUDA's default allocator settings (default: expandable segments on)")
     p.add_argument("-o", "--output", help="write the full report here (JSON)")

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .common import human, print_json, print_table
+from .common import MAX_SEED, MAX_STEPS, MAX_THREADS, human, print_json, print_table, whole
 from .simulate_cmd import LIMIT_HELP
 
 TRACE_HELP = ("a trace file written by 'dqn-swap record', or MODEL:BATCH recorded now on the meta device: "
@@ -28,8 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "--steps 20000 -o agent.pt --curve agent.png")
     p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add_training_options(p, default_limits="90%,70%,50%,30%")
-    p.add_argument("--steps", type=int, help="environment steps to train for (default 20000)")
-    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same agent (default 0)")
+    p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), help="environment steps to train for (default 20000)")
+    p.add_argument("--seed", type=whole(0, MAX_SEED, "seed"), default=0, help="random seed: the same seed gives the same agent (default 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from the -o file's resume file (OUTPUT.resume, written "
                         "at every evaluation); same traces, limits and settings")
@@ -49,7 +49,7 @@ def add_training_options(p: argparse.ArgumentParser, default_limits: str) -> Non
                    help="TensorBoard logs go to LOG_DIR/RUN_NAME (default ./runs); 'none' writes no logs")
     p.add_argument("--run-name", help="name of the TensorBoard run (default OUTPUT-STEM__sSEED__TIME)")
     p.add_argument("--curve", help="also write a PNG of the evaluation score over training")
-    p.add_argument("--threads", type=int, help="CPU threads for torch while training (default 1: the graphs "
+    p.add_argument("--threads", type=whole(1, MAX_THREADS, "threads"), help="CPU threads for torch while training (default 1: the graphs "
                                                "are small, and more threads thrash on a busy machine)")
     p.add_argument("--force", action="store_true", help="replace the output file if it exists")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

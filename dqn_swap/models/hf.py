@@ -78,14 +78,35 @@ def config_of(spec: str) -> Any:
                          f"{', '.join('hf:' + n for n in SMALL)} or hf:PATH of a config.json (or of a folder holding one)")
     try:
         return tf.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a Hugging Face model configuration ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # the library's own validation errors derive from several bases
+        raise ValueError(f"{path}: not a Hugging Face model configuration ({_first_line(e)})") from None
 
 
 def hf_workload(spec: str, batch_size: int, device: torch.device, seed: int) -> tuple[nn.Module, tuple, Any, Any]:
-    """Model, inputs, loss and optimizer factory of Hugging Face model ``spec`` (module docstring)."""
-    tf = _transformers()
+    """Model, inputs, loss and optimizer factory of Hugging Face model ``spec`` (module docstring).
+
+    A configuration the library rejects or cannot run here (a field of the wrong type, an attention
+    implementation whose package is missing) is one ``ValueError`` line naming it."""
     config = config_of(spec)
+    try:
+        return _build(spec, config, batch_size, device, seed)
+    except ValueError as e:
+        if str(e).startswith((f"Hugging Face model {spec!r}", f"{spec}:")):
+            raise
+        raise ValueError(f"{spec}: the Hugging Face configuration cannot be built ({_first_line(e)})") from None
+    except (TypeError, ImportError, AttributeError, KeyError, RuntimeError, OverflowError) as e:
+        raise ValueError(f"{spec}: the Hugging Face configuration cannot be built ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    one = " ".join(text.split())  # messages of several lines become one
+    return f"{type(e).__name__}: {one[:240]}" if text else type(e).__name__
+
+
+def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: int
+           ) -> tuple[nn.Module, tuple, Any, Any]:
+    tf = _transformers()
     gen = torch.Generator().manual_seed(seed)
 
     def data(make: Any) -> torch.Tensor:
