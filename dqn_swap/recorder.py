@@ -27,7 +27,11 @@ malloc / write / read / free).  For each op it records:
   (:meth:`_Recorder.accumulate_in_place`: under a dispatch mode the engine
   falls back to an out-of-place add);
 * for every pack of a saved tensor, how many ops ran before it (the
-  runtime's anchors, :attr:`Trace.saved_op`).
+  runtime's anchors, :attr:`Trace.saved_op`), whether it happened inside
+  the op before, ahead of that op's frees (``saved_in_op``: an output saved
+  by the op's autograd node), and how many ops ran before backward first
+  unpacked it (``saved_unpack_op``: a node unpacks what it saved right before
+  its first op).
 
 On cpu and cuda the recorder also watches every op that reads a module
 buffer: one that changes it without its schema saying so (as the batch-norm
@@ -492,15 +496,20 @@ class _Recorder(TorchDispatchMode):
             return t
         tid = self.tid_of(t)
         # what the pack held, for the runtime's check of a live iteration at the same pack
-        self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-        holder = _Saved(t)
+        k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        holder = _Saved(t, k)
         self.holders[tid] += 1
         weakref.finalize(holder, self.release, tid, t.untyped_storage()._cdata)
         return holder
 
-    @staticmethod
-    def unpack(holder: "_Saved | torch.Tensor") -> torch.Tensor:
-        return holder.tensor if isinstance(holder, _Saved) else holder
+    def unpack(self, holder: "_Saved | torch.Tensor") -> torch.Tensor:
+        if not isinstance(holder, _Saved):
+            return holder
+        if self.active:
+            # A node unpacks all its saved tensors right before its first op: the ops so far have
+            # run (``Trace.saved_unpack_op``).
+            self.b.mark_unpacked(holder.index)
+        return holder.tensor
 
 
 class _DeviceGuard(TorchDispatchMode):
@@ -545,9 +554,10 @@ class _Removing:
 class _Saved:
     """What autograd keeps for a saved tensor while recording."""
 
-    __slots__ = ("tensor", "__weakref__")
+    __slots__ = ("tensor", "index", "__weakref__")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(self, tensor: torch.Tensor, index: int) -> None:
+        self.index = index  # its packing index
         # An alias of the same storage, made where the recorder does not see it: holding the
         # tensor object itself would keep it alive, and its death is how the recorder learns when
         # every holder outside autograd has let the storage go (:meth:`_Recorder.release_held`).

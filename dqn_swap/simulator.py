@@ -372,8 +372,13 @@ class Simulator:
 
         # A plan acts on a saved activation right after its last forward use (Trace.action_window):
         # the runtime moves tensors through autograd's saved-tensor hooks, and the forward code holds
-        # a tensor until its last forward use.
-        action_op, _ = trace.action_window
+        # a tensor until its last forward use.  It must be back for its return op, which is the
+        # first op after that reading it, or the op before which backward unpacks it if earlier
+        # (Trace.saved_unpack_op: a node unpacks what it saved before its first op).
+        action_op, return_op = trace.action_window
+        at_action = (action_op[ete] >= 0) & (eop == action_op[ete]) & (self.event_next_use >= 0)
+        self.event_next_use = np.where(at_action, np.minimum(self.event_next_use, return_op[ete]),
+                                       self.event_next_use)
         can_swap = is_use & (action_op[ete] >= 0) & (eop == action_op[ete]) & (self.event_next_use >= 0)
         self._rec_limit = self._recompute_limits(kind, eop, ete, alloc, free,
                                                  np.isin(trace.tensor_role, _RECOMPUTABLE_INPUT_ROLES))
@@ -660,16 +665,24 @@ class Simulator:
         """Bytes allocated at each op when ``schedule`` is followed with copies that take no time.
 
         What a synchronous runtime (the CPU) holds: a swapped tensor leaves when
-        its action's op ends and is back from the op at which the schedule
-        starts its prefetch until it dies, a removed tensor is away until the
-        re-runs before its next use.  It is :meth:`memory_need` plus every
+        its action's op ends and is back from the op at which the runtime
+        starts its prefetch (the first of :attr:`Trace.progress_ops` at or after
+        the schedule's op: in backward the runtime gets control only when a node
+        unpacks its saved tensors) until it dies, a removed tensor is away until
+        the re-runs before its next use.  It is :meth:`memory_need` plus every
         prefetch counted from its start: the simulator's own curve with the
         swap-out delays taken away.  int64 per op.
         """
         prep = self._prepare(actions)
         mem = prep.need.copy()
+        points = self.trace.progress_ops
         for tensor, op in schedule.prefetch:
             use = prep.next_use.get(tensor)
+            if points is not None:
+                # The runtime starts it at the first point at or after ``op`` where it learns how far
+                # the iteration has come (a pack, or a node's unpacks in backward: Trace.progress_ops).
+                j = int(np.searchsorted(points, op, side="left"))
+                op = int(points[j]) if j < len(points) else self._n_ops
             if use is not None and use > op:
                 mem[op:use] += self._nbytes[tensor]
         return mem

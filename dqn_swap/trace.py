@@ -24,7 +24,10 @@ A separate table ``saved`` lists, in packing order, the tensor packed by every
 ``pack_hook`` call of ``torch.autograd.graph.saved_tensors_hooks``; the runtime
 uses that order to find the same tensor in a live iteration.  Beside it,
 ``saved_op`` gives, for every pack, how many ops had run when it happened (the
-runtime knows there how far the forward pass has come), and ``module_call_op``
+runtime knows there how far the forward pass has come), ``saved_unpack_op`` how many
+ops had run when backward first unpacked it (an autograd node unpacks all its saved
+tensors right before its first op: the tensor is needed from there on, and the runtime
+knows there how far backward has come), and ``module_call_op``
 gives, for every call of a module's ``forward`` in the forward pass, how many
 ops had run when it began: the points where no op is under way, at which the
 runtime starts numbering ops, so that it only watches the ops a plan re-runs.
@@ -133,6 +136,15 @@ _ARRAYS: dict[str, np.dtype] = {
 _OPTIONAL: dict[str, tuple[np.dtype, int, str]] = {
     "op_scratch": (np.dtype(np.int64), 0, "op_"),
     "saved_op": (np.dtype(np.int32), -1, "saved"),
+    # Per pack, how many ops had run when backward first unpacked it (-1: unknown, or never
+    # unpacked): an autograd node unpacks all its saved tensors right before its first op, so a
+    # saved tensor is needed from there, which may be an op before the first that reads it
+    # (:attr:`Trace.action_window`); and the runtime learns how far backward has come there.
+    "saved_unpack_op": (np.dtype(np.int32), -1, "saved"),
+    # Per pack, 1 when it happened inside op ``saved_op - 1``: after that op's kernel, before the
+    # frees at its end (an autograd node saving the op's output), so that the inputs the op frees are
+    # still allocated; 0 after them; -1 unknown (older files).  :attr:`Trace.pack_progress_op`.
+    "saved_in_op": (np.dtype(np.int8), -1, "saved"),
     "module_call_op": (np.dtype(np.int32), -1, ""),  # its own length (empty when unknown)
     # Per tensor, the op at whose end the last holder outside autograd let it go (n_ops: held to
     # the end), -1: unknown (older files) or never held; :attr:`Trace.movable`.
@@ -176,6 +188,8 @@ class Trace:
     saved: np.ndarray
     op_scratch: np.ndarray | None = None
     saved_op: np.ndarray | None = None
+    saved_unpack_op: np.ndarray | None = None
+    saved_in_op: np.ndarray | None = None
     module_call_op: np.ndarray | None = None
     tensor_held_op: np.ndarray | None = None
     saved_dtype: np.ndarray | None = None
@@ -360,7 +374,12 @@ class Trace:
 
     @cached_property
     def _first_use_after_forward(self) -> np.ndarray:
-        """Per tensor, its first use after its last forward use (-1: none)."""
+        """Per tensor, its first use after its last forward use (-1: none).
+
+        Backward's first unpack of a saved tensor counts as a use (``saved_unpack_op``): an
+        autograd node unpacks every tensor it saved right before its first op runs, so a tensor
+        that the node's second op reads (a linear layer's input, for the weight's gradient) is
+        needed, and must be back on the device, one op before that op reads it."""
         ret = np.full(self.n_tensors, -1, dtype=np.int64)
         use = self.event_kind != EventKind.FREE
         action = self._last_forward_use
@@ -371,7 +390,38 @@ class Trace:
         after = op > action[t]
         first = np.flatnonzero(after & np.concatenate([[True], ~(after[:-1] & (t[1:] == t[:-1]))]))
         ret[t[first]] = op[first]
+        known = self.saved_unpack_op >= 0
+        if np.any(known):
+            tid = self.saved[known].astype(np.int64)
+            unpack = self.saved_unpack_op[known].astype(np.int64)
+            later = (unpack > action[tid]) & (ret[tid] >= 0)
+            np.minimum.at(ret, tid[later], unpack[later])
         return ret
+
+    @cached_property
+    def pack_progress_op(self) -> np.ndarray:
+        """Per pack, the op whose memory is allocated when it happens: ``saved_op``, the op about to
+        run, or the op before it where the pack happened inside that op, after its kernel and before
+        its frees (``saved_in_op``: an autograd node saving an output of the op it wraps); int64,
+        non-decreasing, -1 where ``saved_op`` is unknown.  A prefetch the runtime starts at a pack
+        is allocated beside that op's memory."""
+        op = self.saved_op.astype(np.int64) - (self.saved_in_op == 1)
+        op[self.saved_op < 0] = -1
+        return np.maximum.accumulate(op) if len(op) else op
+
+    @cached_property
+    def progress_ops(self) -> np.ndarray | None:
+        """The ops at which the runtime learns how far the iteration has come, so that a prefetch
+        can start there (sorted): every pack's :attr:`pack_progress_op` (the forward pass) and every
+        first unpack's ``saved_unpack_op`` (an autograd node beginning in backward).  Between two
+        of them the runtime has no control (a node's ops run back to back), so a prefetch the
+        schedule starts at op ``p`` starts at the first of them at or after ``p``.  ``None`` for a
+        trace that does not know its unpacks (older files)."""
+        if not len(self.saved) or not np.any(self.saved_unpack_op >= 0) or self.saved_op[0] < 0:
+            return None
+        packs = self.pack_progress_op
+        points = np.concatenate([packs[packs >= 0], self.saved_unpack_op[self.saved_unpack_op >= 0]])
+        return np.unique(points.astype(np.int64))
 
     @cached_property
     def held_op(self) -> np.ndarray:
@@ -584,6 +634,12 @@ class Trace:
             raise bad("negative scratch bytes")
         if n_t and (self.tensor_held_op.min() < -1 or self.tensor_held_op.max() > n_ops):
             raise bad("tensor_held_op refers to an op out of range")
+        if len(self.saved) and (self.saved_in_op.min() < -1 or self.saved_in_op.max() > 1):
+            raise bad("column saved_in_op holds a value other than -1, 0 and 1")
+        if len(self.saved_unpack_op) != len(self.saved):
+            raise bad(f"column saved_unpack_op has {len(self.saved_unpack_op)} rows, expected {len(self.saved)}")
+        if len(self.saved) and (self.saved_unpack_op.min() < -1 or self.saved_unpack_op.max() > n_ops):
+            raise bad("saved_unpack_op refers to an op out of range")
         for name in ("saved_op", "module_call_op"):
             anchors = getattr(self, name)
             if len(anchors) and (np.any(np.diff(anchors) < 0) or anchors.max() > n_ops or anchors.min() < -1):
@@ -824,6 +880,8 @@ class TraceBuilder:
         self.events: list[tuple[int, int, int]] = []
         self.saved: list[int] = []
         self.saved_op: list[int] = []
+        self.saved_unpack_op: list[int] = []
+        self._saved_events: list[int] = []  # per pack, the events recorded before it
         self.saved_dtype: list[int] = []
         self.saved_ndim: list[int] = []
         self.saved_dims: list[int] = []
@@ -887,6 +945,8 @@ class TraceBuilder:
         runtime's check of a live iteration (``Trace.saved_signatures``)."""
         self.saved.append(t)
         self.saved_op.append(len(self.ops))
+        self.saved_unpack_op.append(-1)
+        self._saved_events.append(len(self.events))
         self.saved_dtype.append(_DTYPE_CODE.get(dtype, -1) if dtype is not None else -1)
         if shape is None:
             self.saved_ndim.append(-1)
@@ -896,6 +956,11 @@ class TraceBuilder:
         if self.t_saved[t] < 0:
             self.t_saved[t] = len(self.saved) - 1
         return len(self.saved) - 1
+
+    def mark_unpacked(self, k: int) -> None:
+        """Record that backward unpacked pack ``k`` (after the ops so far); only its first unpack counts."""
+        if self.saved_unpack_op[k] < 0:
+            self.saved_unpack_op[k] = len(self.ops)
 
     def held_until(self, t: int, op: int) -> None:
         """Record that the last holder of ``t`` outside autograd let it go at the end of op ``op``
@@ -950,7 +1015,17 @@ class TraceBuilder:
             setattr(self, name, [column[t] for t in keep])
         self._merged.clear()
 
+    def _saved_in_op(self) -> list[int]:
+        """Per pack, 1 when frees of op ``saved_op - 1`` were recorded after it (it happened inside
+        that op, before its end), else 0; read before :meth:`_apply_merges` renumbers events."""
+        out = []
+        for at, op in zip(self._saved_events, self.saved_op):
+            nxt = self.events[at] if at < len(self.events) else None
+            out.append(int(nxt is not None and nxt[0] == EventKind.FREE and nxt[1] == op - 1))
+        return out
+
     def build(self, meta: "dict[str, Any] | None" = None) -> Trace:
+        saved_in_op = self._saved_in_op()
         self._apply_merges()
         ops = np.array(self.ops, dtype=np.float64).reshape(-1, 6)
         ev = np.array(self.events, dtype=np.int64).reshape(-1, 3)
@@ -964,7 +1039,7 @@ class TraceBuilder:
             tensor_nbytes=self.t_nbytes, tensor_role=self.t_role, tensor_alloc_op=alloc,
             tensor_free_op=self.t_free, tensor_saved_index=self.t_saved, tensor_held_op=self.t_held,
             event_kind=ev[:, 0], event_op=ev[:, 1], event_tensor=ev[:, 2], saved=self.saved,
-            op_scratch=self.scratch, saved_op=self.saved_op, saved_dtype=self.saved_dtype, saved_ndim=self.saved_ndim,
+            op_scratch=self.scratch, saved_op=self.saved_op, saved_unpack_op=self.saved_unpack_op, saved_in_op=saved_in_op, saved_dtype=self.saved_dtype, saved_ndim=self.saved_ndim,
             saved_dims=self.saved_dims, module_call_op=self.module_call_op, op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
         )
         trace.validate("built trace")

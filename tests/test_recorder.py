@@ -48,6 +48,25 @@ def test_mlp_forward_events_by_hand(mlp_trace):
     assert t.op_module[t.event_op[0]] == t.module_names.index("fc1")
 
 
+def test_unpacks_and_packs_inside_an_op(mlp_trace):
+    """An autograd node unpacks all its saved tensors right before its first op: fc2's AddmmBackward0
+    unpacks the ReLU output ``a`` with fc2's weight before its first mm (#10, the input's gradient)
+    though only its second (#11, the weight's gradient) reads ``a``, so ``a`` must be back from #10
+    (its return op) and the runtime learns there that backward has reached #10, not #11.  ReLU saves
+    its output inside its op, after the kernel and before ``h`` is freed: the pack is op #1's, not #2's."""
+    t = mlp_trace
+    names = [t.op_names[i] for i in t.op_name]
+    assert names[10:12] == ["aten.mm", "aten.mm"] and t.op_phase[10] == Phase.BACKWARD
+    # packs: x (fc1), a (relu's output), a and w2 (fc2), y (pow)
+    assert t.saved_unpack_op.tolist() == [14, 13, 10, 10, 7]
+    a = 10
+    reads = t.event_op[(t.event_tensor == a) & (t.event_kind == EventKind.READ)]
+    assert reads[reads > 2].min() == 11 and t.action_window[1][a] == 10
+    assert t.saved_in_op.tolist() == [0, 1, 0, 0, 0] and t.tensor_free_op[9] == 1  # h, freed by relu
+    assert t.pack_progress_op.tolist() == [0, 1, 2, 2, 3]
+    assert t.progress_ops.tolist() == [0, 1, 2, 3, 7, 10, 13, 14]
+
+
 def test_mlp_gradients_optimizer_and_memory(mlp_trace):
     t = mlp_trace
     grads = np.flatnonzero(t.tensor_role == Role.GRADIENT)

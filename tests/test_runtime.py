@@ -419,27 +419,3 @@ def test_an_input_that_cannot_be_freed_is_refused_with_a_clear_error() -> None:
     with pytest.raises(Exception, match="cannot be freed"):
         with rt:
             w.loss_fn(w.model(x)).backward()
-
-
-def test_a_prefetch_does_not_start_before_the_frees_of_the_op_that_packed_its_output() -> None:
-    """An output pack of op ``n - 1`` happens before that op's frees, an input pack of op ``n`` after
-    them: a pack of a tensor op ``n - 1`` wrote counts as op ``n - 1``'s when that op frees something."""
-    from dqn_swap.runtime.index import pack_positions
-    from dqn_swap.trace import Phase, Role, TraceBuilder
-
-    b = TraceBuilder()
-    x = b.tensor(64, Role.INPUT, preexisting=True)
-    a, k = b.tensor(64), b.tensor(64)
-    b.op("aten.mm", Phase.FORWARD, reads=[x], outputs=[a, k])
-    c = b.tensor(64)
-    b.op("aten.tanh", Phase.FORWARD, reads=[a], outputs=[c], frees=[a])  # op 1 frees a at its end
-    b.mark_saved(c)  # c, written by op 1 (its output, or an input of op 2): before op 1's frees
-    b.mark_saved(k)  # k, made by op 0: an input of op 2, after op 1's frees
-    d = b.tensor(64)
-    b.op("aten.relu", Phase.FORWARD, reads=[c, k], outputs=[d])
-    b.mark_saved(d)  # d, written by op 2, which frees nothing
-    e = b.tensor(64)
-    b.op("aten.sum", Phase.BACKWARD, reads=[c, k, d], outputs=[e], frees=[c, k, d, e])
-    t = b.build()
-    assert t.saved_op.tolist() == [2, 2, 3]
-    assert pack_positions(t).tolist() == [1, 2, 3]

@@ -76,17 +76,11 @@ def fast_subset(i: int, j: int) -> tuple[tuple[str, ...], str]:
 #: moment autograd releases a node.
 _WRAPPED = ("a few bytes above the prediction: a Python number autograd keeps for backward (T5's d_model**-0.5 "
             "scale, a loss divided by 2) is a tensor the trace does not see")
-_EARLY = ("above the prediction and the limit by one prefetched tensor's bytes: the peak is measured where the "
-          "prefetch scheduled at the end of the forward pass (the loop's loss / 2) fills its device buffer; the "
-          "simulator counts that buffer from the same op, so what else is alive then is not yet found")
 KNOWN = {
     ("t5@bf16", "checkpoint", "70%"): _WRAPPED,
     ("t5", "checkpoint", "70%"): _WRAPPED,
     ("t5", "greedy", "40%"): _WRAPPED,
     ("t5", "lru", "40%"): _WRAPPED,
-    ("t5@bf16", "dqn", "70%"): _EARLY,
-    ("t5@bf16", "lru", "70%"): _EARLY,
-    ("t5@bf16", "lru", "40%"): _EARLY,
 }
 
 
@@ -179,6 +173,6 @@ def test_reported_cases_are_as_predicted(name: str, planner: str, limit: str) ->
     peak moved to ``index_select``'s backward, which the recorder saw out of place (a dispatch mode makes
     tensors "subclass-like"; :meth:`dqn_swap.recorder._Recorder.fill_in_place`).  DistilBERT in bf16 under
     the window planner measured 16384 B above (1.0068): a prefetch scheduled at the op after the loss began
-    at the loss's output pack, while its 128 KiB fp32 logits were still alive
-    (:func:`dqn_swap.runtime.index.pack_positions`)."""
+    at the loss's output pack, while its 128 KiB fp32 logits were still alive (a pack inside an op, before
+    its frees: ``Trace.saved_in_op`` and :attr:`dqn_swap.trace.Trace.pack_progress_op`)."""
     test_planned_loop_under_the_limit_as_predicted_and_bit_identical(name, planner, limit)

@@ -181,6 +181,9 @@ def test_a_version_1_file_reads_with_no_scratch_and_its_fingerprint(tmp_path):
     ("op_scratch", np.array([0, 0], dtype=np.int64), "column op_scratch has 2 rows"),
     ("saved_op", np.array([5], dtype=np.int32), "anchors"),
     ("module_call_op", np.array([2, 1], dtype=np.int32), "anchors"),
+    ("saved_unpack_op", np.array([7], dtype=np.int32), "saved_unpack_op refers to an op out of range"),
+    ("saved_unpack_op", np.array([1, 2], dtype=np.int32), "column saved_unpack_op has 2 rows"),
+    ("saved_in_op", np.array([2], dtype=np.int8), "saved_in_op holds a value"),
 ])
 def test_bad_version_2_columns_give_one_line(tmp_path, column, value, message):
     path = scratch_trace().save(tmp_path / "src.trace")

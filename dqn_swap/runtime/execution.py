@@ -241,6 +241,7 @@ class _Iteration:
         self.windows = {w.call: w for w in rt.index.windows}
         self.calls = 0  # module calls of the forward pass so far
         self.pack_op = rt.index.trace.saved_op.tolist()  # pack k happens while op pack_op[k] runs
+        self.unpack_position = rt.index.unpack_position  # unpack k happens before op unpack_position[k]
         self.pending_borrowed: list[tuple[SwapGroup, int]] = []  # swapped inputs not emptied yet
         self.emptied_before = rt.swapper.emptied_borrowed
         self.module_done_hook: Any = None  # while some are pending: a module returned, so their ops ran
@@ -520,7 +521,7 @@ class _Iteration:
                 if not self.forward_done:
                     self.end_of_forward()
                 self.stats.released_after_copy += self.swapper.poll()
-                fb = int(self.index.first_backward_read[packed.tid])
+                fb = self.unpack_position[packed.index]  # the op about to run: the node's first
                 if fb != NO_OP and fb > self.position:
                     self.position = fb
                 self.issue_prefetches()

@@ -79,8 +79,12 @@ class PlanIndex:
     saved_tids: np.ndarray
     saved_sizes: np.ndarray  # rounded with round_size
     pack_flags: list[int]
-    pack_position: list[int]  # per pack: the op about to run when it happens (forward), -1 unknown
+    pack_position: list[int]  # per pack: the op whose memory is allocated when it happens (forward), -1 unknown
+                              # (Trace.pack_progress_op: the op about to run, or the op saving its output)
     first_backward_read: np.ndarray  # per tensor id; NO_OP when backward never reads it
+    # per pack: the op about to run when backward unpacks it (its node's first op), NO_OP when
+    # unknown; a trace without ``saved_unpack_op`` (older files): its tensor's first backward read
+    unpack_position: list[int]
     first_backward_op: int
     prefetch: tuple[tuple[int, int], ...]  # (tensor, op) in start order
     sequences: tuple[tuple[int, tuple[RecomputeStep, ...]], ...] = ()
@@ -152,35 +156,6 @@ def _windows(trace: Trace, ops: list[int]) -> tuple[Window, ...]:
     return tuple(windows[k] for k in sorted(windows))
 
 
-def pack_positions(trace: Trace) -> np.ndarray:
-    """Per pack, the op at whose start (or during which) it is sure to happen: where a prefetch the
-    schedule starts at that op may start (int64; -1 where the trace does not know, version 1).
-
-    ``Trace.saved_op[k]`` ops have run when pack ``k`` happens.  Autograd packs an op's inputs
-    before its kernel -- op ``saved_op[k]`` is starting, the previous op's frees are done -- and
-    its outputs right after its kernel -- op ``saved_op[k] - 1`` is ending, and what dies with it
-    (its inputs' last holders, the ``free`` events of that op) is still alive.  The simulator
-    counts a prefetch started at op ``n`` from op ``n``'s start on, after op ``n - 1``'s frees: a
-    prefetch started at an output pack of op ``n - 1`` would sit on top of what op ``n - 1``
-    frees (measured: DistilBERT's loss, a 16 KiB prefetch started inside ``nll_loss_forward``
-    while its 128 KiB input was still alive).  The trace does not say which of the two a pack of
-    a tensor op ``n - 1`` wrote is (``log_softmax`` saves its output, ``nll_loss`` its input: one
-    tensor, one count), so such a pack counts as op ``n - 1``'s when op ``n - 1`` frees anything;
-    a prefetch then starts at the next pack, or at backward's first unpack."""
-    anchors = trace.saved_op.astype(np.int64)
-    if not len(anchors) or anchors[0] < 0:
-        return anchors
-    prev = anchors - 1
-    frees = np.zeros(trace.n_ops + 1, dtype=bool)
-    frees[trace.event_op[trace.event_kind == EventKind.FREE]] = True
-    wrote = (trace.event_kind == EventKind.MALLOC) | (trace.event_kind == EventKind.WRITE)
-    n_t = max(trace.n_tensors, 1)
-    written = trace.event_op[wrote].astype(np.int64) * n_t + trace.event_tensor[wrote]
-    saved = trace.saved.astype(np.int64)
-    tail = (prev >= 0) & frees[np.maximum(prev, 0)] & np.isin(prev * n_t + saved, written)
-    return np.where(tail, prev, anchors)
-
-
 def build_index(trace: Trace, plan: Plan) -> PlanIndex:
     """Index ``plan`` (made for ``trace``, with its schedule) for the runtime.
 
@@ -238,26 +213,34 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
 
     flags = [0] * len(saved)
     position = [-1] * len(saved)
-    anchors = pack_positions(trace)
-    known = bool(len(anchors) and anchors[0] >= 0)
-    reached = np.maximum.accumulate(anchors) if known else anchors  # the op reached at each pack
+    anchors = trace.pack_progress_op  # per pack, the op whose memory is allocated when it happens
     windows = _windows(trace, sorted(record)) if record else ()
     # Unpacks that give the runtime control in backward: for every prefetch start, the pack whose
-    # first backward read is the first at or after it (packs the plan acts on give control anyway).
-    reads_at = first[saved]
+    # unpack is the first at or after it (packs the plan acts on give control anyway).  An autograd
+    # node unpacks all its saved tensors right before its first op (``Trace.saved_unpack_op``), so
+    # a prefetch due at a later op of a node starts at the next node's unpacks, not before its op
+    # (``Simulator.instant_copy_memory`` counts it from there: ``Trace.progress_ops``).
+    unpacked = trace.saved_unpack_op.astype(np.int64)
+    if len(unpacked) and np.any(unpacked >= 0):
+        reads_at = np.where(unpacked >= 0, unpacked, NO_OP)
+    else:
+        reads_at = first[saved]  # a trace that does not know its unpacks: the first backward read
     order = np.argsort(reads_at, kind="stable")
     progress: set[int] = set()
+    late: list[int] = []
+    fwd_known = bool(len(anchors) and anchors[0] >= 0)
     for _, op in sched.prefetch:
-        if op < b0 and known:  # forward: the first pack at or after the op
-            j = int(np.searchsorted(reached, op, side="left"))
+        if op < b0 and fwd_known:  # forward: the first pack at or after the op
+            j = int(np.searchsorted(anchors, op, side="left"))
             if j < len(saved):
                 progress.add(j)
                 continue
-            op = b0  # no pack of the forward pass is at or after it: backward's first unpack
-        if op >= b0:
-            j = int(np.searchsorted(reads_at[order], op, side="left"))
-            if j < len(order):
-                progress.add(int(order[j]))
+        if op >= b0 or fwd_known:  # backward, or after the last pack: the first unpack at or after it
+            late.append(op)
+    for op in late:
+        j = int(np.searchsorted(reads_at[order], op, side="left"))
+        if j < len(order) and reads_at[order[j]] != NO_OP:
+            progress.add(int(order[j]))
     for k, tid in enumerate(saved.tolist()):
         f = 0
         if tid in swap:
@@ -277,7 +260,7 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
     written_persistent = frozenset(int(t) for t in np.unique(written) if trace.tensor_alloc_op[t] < 0)
     return PlanIndex(trace=trace, plan=plan, swap=frozenset(swap), recompute=frozenset(recompute),
                      saved_tids=saved, saved_sizes=sizes, pack_flags=flags, pack_position=position,
-                     first_backward_read=first, first_backward_op=b0, prefetch=tuple(sched.prefetch),
+                     first_backward_read=first, unpack_position=reads_at.tolist(), first_backward_op=b0, prefetch=tuple(sched.prefetch),
                      sequences=tuple(sequences), sequence_of=sequence_of, hold_inputs=hold,
                      record_ops=frozenset(record),
                      forward_ops=forward_ops, windows=windows, written_in_forward=written_persistent,
