@@ -32,6 +32,13 @@ malloc / write / read / free).  For each op it records:
   by the op's autograd node), and how many ops ran before backward first
   unpacked it (``saved_unpack_op``: a node unpacks what it saved right before
   its first op).
+* the Python numbers autograd saves for backward (``x * 0.5``, ``loss / 2``):
+  tensors PyTorch makes where no dispatcher or saved-tensor hook sees them,
+  recorded as hidden storages (:attr:`Role.HIDDEN`) from the op that read
+  them until their autograd node ran (:meth:`_Recorder.resolve_numbers`).
+
+Module paths come from :class:`torch.utils.module_tracker.ModuleTracker`, with
+backward hooks that keep no gradient alive (:class:`_ModuleTracker`).
 
 On cpu and cuda the recorder also watches every op that reads a module
 buffer: one that changes it without its schema saying so (as the batch-norm
@@ -152,10 +159,15 @@ class _Recorder(TorchDispatchMode):
         self.zero_filled: dict[int, int] = {}  # backward tensor made by a zero-fill factory -> its op
         self.fills: list[tuple[int, int, int]] = []  # (op, zero-filled first operand, result): see fill_in_place
         self.tensor_slots: dict[torch._ops.OpOverload, tuple[int, ...]] = {}
-        # Bytes alive while an op runs that the dispatcher never shows as tensors (see wrapped_bytes and
+        # Bytes alive while an op runs that the dispatcher never shows as tensors (see wrapped_args and
         # fold_constants): added to the op's scratch once its kernel's own is known (finish_scratch).
         self.extra_scratch: dict[int, int] = {}
         self.constants: list[int] = []  # tensor ids of constants lift_fresh made during the iteration
+        # Python numbers autograd may have saved (see saved_numbers): (op, its outputs, weakly, the
+        # wrapped arguments' names and bytes), looked at once the op has returned through autograd.
+        self.pending_numbers: list[tuple[int, list[weakref.ref], list[tuple[str, int]]]] = []
+        # autograd node (its sequence number) -> the hidden storages of the numbers it saved
+        self.saved_numbers: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------ storages
     def on_device(self, tree: Any) -> list[torch.Tensor]:
@@ -261,6 +273,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, C901
         kwargs = kwargs or {}
+        if self.pending_numbers:
+            self.resolve_numbers()
         inputs = self.on_device((args, kwargs))
         watched = self.watched_buffers(func, args, kwargs) if self.measure_scratch else []
         d = self.dispatched
@@ -333,9 +347,14 @@ class _Recorder(TorchDispatchMode):
             scratch = 0  # cpu: read from the timeline after the iteration (:meth:`scratch_from`)
         i = self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
                       flops=flops, bytes_moved=moved, module=self.module_path(), scratch=scratch)
-        wrapped = self.wrapped_bytes(func, args, kwargs)
+        wrapped = self.wrapped_args(func, args, kwargs)
         if wrapped:
-            self.extra_scratch[i] = self.extra_scratch.get(i, 0) + wrapped
+            node = torch._C._current_autograd_node() if self.phase == Phase.BACKWARD else None
+            # In backward, a node whose saved numbers are hidden storages reads them unpacked: nothing new.
+            if node is None or node._sequence_nr() not in self.saved_numbers:
+                self.extra_scratch[i] = self.extra_scratch.get(i, 0) + sum(n for _, n in wrapped)
+                if node is None and self.active and torch.is_grad_enabled():
+                    self.pending_numbers.append((i, [weakref.ref(o) for o in outputs], wrapped))
         if fresh and self.accumulation_candidate(func, args, kwargs, out):
             self.accumulations.append((i, reads[0], fresh[0]))
         if self.phase == Phase.BACKWARD and len(fresh) == 1:
@@ -439,28 +458,69 @@ class _Recorder(TorchDispatchMode):
             if str(d) in timeline.marks:
                 self.b.scratch[i] = max(0, timeline.window(str(d)).peak - new_bytes)
 
-    def wrapped_bytes(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> int:
-        """Bytes of the Python numbers ``func`` was given where its schema wants a Tensor (``x + 1``,
-        ``x * 0.5``): on the CPU the caller wrapped each in a tensor of its own (``wrapped_scalar_tensor``,
-        8 bytes for an int or a float) *before* the op reached the dispatcher, which shows it to the
-        mode as the number again; it is freed after the op returns.  So it sits outside the op's
-        marks on the allocator's timeline but is alive while the op runs: part of the op's scratch.
-        (Measured: ``x + 1`` on the timeline is +8 before the op's mark, the output inside, -8 after.)
-        When autograd saves it (``x * 0.5`` saves the 0.5 for the gradient of ``x``) it lives on
-        until its node is released in backward: that part is not modelled.  On cuda the wrapped
-        number stays on the host and takes no device memory."""
+    def wrapped_args(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
+        """The Python numbers ``func`` was given where its schema wants a Tensor (``x + 1``, ``x * 0.5``),
+        as (argument name, bytes): on the CPU the caller wrapped each in a tensor of its own
+        (``wrapped_scalar_tensor``, 8 bytes for an int or a float) *before* the op reached the
+        dispatcher, which shows it to the mode as the number again; it is freed after the op returns,
+        unless autograd saved it (:meth:`resolve_numbers`).  So it sits outside the op's marks on the
+        allocator's timeline but is alive while the op runs: part of the op's scratch.  (Measured:
+        ``x + 1`` on the timeline is +8 before the op's mark, the output inside, -8 after.)  On cuda
+        the wrapped number stays on the host and takes no device memory."""
         if self.device_type != "cpu":
-            return 0
+            return []
         slots = self.tensor_slots.get(func)
         if slots is None:
             slots = self.tensor_slots[func] = _tensor_slots(func)
         schema = func._schema.arguments
-        total = 0
+        out = []
         for i in slots:
             x = args[i] if i < len(args) else kwargs.get(schema[i].name)
-            if x is not None and not isinstance(x, torch.Tensor):
-                total += _WRAPPED_BYTES.get(type(x), 0)
-        return total
+            if x is not None and not isinstance(x, torch.Tensor) and type(x) in _WRAPPED_BYTES:
+                out.append((schema[i].name, _WRAPPED_BYTES[type(x)]))
+        return out
+
+    def resolve_numbers(self) -> None:
+        """The Python numbers of the last op that autograd saved for backward: ``x * 0.5`` saves the
+        0.5 (``MulBackward0._saved_other``), ``loss / 2`` the 2.  The wrapped tensor then lives on,
+        unseen by the dispatcher and by the saved-tensor hooks (autograd packs no wrapped number), until
+        the node that saved it is released in backward (the engine's ``release_variables`` right after
+        the node ran; measured: -8 on the timeline after MulBackward0's last op).  It becomes a hidden
+        storage (:attr:`Role.HIDDEN`) allocated by the op, instead of the op's scratch, freed after the
+        node's last op (a post hook of the node); a node backward never runs keeps it to the end.
+
+        Called before the next op is dispatched, when the op's outputs have their ``grad_fn``: the
+        op is still the last one of the trace."""
+        pending, self.pending_numbers = self.pending_numbers, []
+        for op, refs, wrapped in pending:
+            node = None
+            for r in refs:
+                o = r()
+                if o is not None and o.grad_fn is not None:
+                    node = o.grad_fn
+                    break
+            if node is None:  # no autograd node: the numbers died with the op (its scratch)
+                continue
+            hidden = []
+            for name, nbytes in wrapped:
+                try:
+                    saved = getattr(node, "_saved_" + name, None)
+                except RuntimeError:  # already released
+                    saved = None
+                if isinstance(saved, torch.Tensor) and saved.dim() == 0:
+                    hidden.append(self.b.hidden(op, nbytes))
+                    self.extra_scratch[op] -= nbytes
+            if hidden:
+                seq = node._sequence_nr()
+                if seq not in self.saved_numbers:
+                    node.register_hook(lambda grad_inputs, grad_outputs, seq=seq: self.release_numbers(seq))
+                self.saved_numbers.setdefault(seq, []).extend(hidden)
+
+    def release_numbers(self, seq: int) -> None:
+        """Node ``seq`` ran in backward: the engine releases its saved numbers now, after its last op."""
+        if self.active:
+            for t in self.saved_numbers.get(seq, ()):
+                self.b.free(t)
 
     def fold_constants(self) -> None:
         """A constant lift_fresh made during the iteration and freed by the op that reads it (``x[..., 0]
@@ -510,6 +570,47 @@ class _Recorder(TorchDispatchMode):
             # run (``Trace.saved_unpack_op``).
             self.b.mark_unpacked(holder.index)
         return holder.tensor
+
+
+def _multi_grad_hook(tensors: list[torch.Tensor], fn: Callable[[], None]) -> list[Any]:
+    """``fn()`` once the gradients of all ``tensors`` that backward computes have been computed:
+    ``register_multi_grad_hook(tensors, fn, mode="all")`` without keeping the gradients.  PyTorch's
+    buffers every gradient until the last one arrives, to hand them all to ``fn``; under the
+    recorder that would hold a gradient the engine has already dropped (measured: T5's 4-byte
+    gradient of its loss output, kept by the module tracker until the gradient of the logits came,
+    278 ops later), so the trace would not be the memory of training."""
+    nodes = [torch.autograd.graph._get_grad_fn_or_grad_acc(t) for t in tensors]
+    count: dict[int, int] = {}
+    expected: dict[int, int] = {}
+
+    def hook(grad: torch.Tensor) -> None:
+        task = torch._C._current_graph_task_id()
+        if task not in expected:
+            expected[task] = sum(map(torch._C._will_engine_execute_node, nodes))
+        count[task] = count.get(task, 0) + 1
+        if count[task] == expected[task]:
+            del count[task], expected[task]
+            fn()
+
+    return [t.register_hook(hook) for t in tensors]
+
+
+class _ModuleTracker(ModuleTracker):
+    """:class:`ModuleTracker` whose backward hooks keep no gradient alive (:func:`_multi_grad_hook`)."""
+
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:  # noqa: A002
+        name = self._get_mod_name(mod)
+        self._get_append_fn(name, False)()
+        tensors = [a for a in tree_flatten(input)[0] if isinstance(a, torch.Tensor) and a.requires_grad]
+        if tensors:
+            self._hooks.extend(_multi_grad_hook(tensors, self._get_pop_fn(name, True)))
+
+    def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:  # noqa: A002
+        name = self._get_mod_name(mod)
+        self._get_pop_fn(name, False)()
+        tensors = [a for a in tree_flatten(output)[0] if isinstance(a, torch.Tensor) and a.requires_grad]
+        if tensors:
+            self._hooks.extend(_multi_grad_hook(tensors, self._get_append_fn(name, True)))
 
 
 class _DeviceGuard(TorchDispatchMode):
@@ -591,7 +692,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
             recorder.b.mark_module_call()
 
     calls = torch.nn.modules.module.register_module_forward_pre_hook(module_call)
-    with ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
+    with _ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
             recorder.pack, recorder.unpack), contextlib.closing(_Removing(calls)):
         recorder.tracker = tracker
         recorder.phase = Phase.FORWARD
@@ -753,6 +854,7 @@ def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim
     """What is known once the recorded iteration is over (its recorder still active): tensors still
     held, constants folded into the ops that read them, roles, gradient sums made in place.  One
     place for :func:`record_trace` and the recording in the user's loop (:mod:`dqn_swap.user_loop`)."""
+    recorder.resolve_numbers()
     recorder.mark_still_held()
     recorder.fold_constants()
     _assign_roles(recorder, model, opt)

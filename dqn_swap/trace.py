@@ -11,7 +11,8 @@ three column tables, so that 200k events load and simulate quickly:
   from a device profile or measured with CUDA events).
 * **tensors** -- one row per storage (views share their base storage): bytes,
   role (parameter, gradient, optimizer state, input, saved activation,
-  temporary), the op that allocated it (``-1`` when it existed before the
+  temporary, hidden: bytes no tensor of the program shows, such as a Python
+  number autograd saved for backward), the op that allocated it (``-1`` when it existed before the
   iteration), the op after which it was freed (``-1`` when it outlives the
   iteration) and its first index in autograd's saved-tensor packing order
   (``-1`` when never saved for backward).
@@ -93,6 +94,11 @@ class Role(enum.IntEnum):
     INPUT = 3
     SAVED = 4  # an activation autograd saved for backward
     TEMPORARY = 5
+    # Bytes no tensor of the program shows: a Python number an op was given where its schema wants a
+    # Tensor, wrapped by PyTorch in a tensor of its own, that autograd saved for backward (``x * 0.5``
+    # saves the 0.5).  Allocated by the op that read it, freed when autograd releases the node that
+    # saved it; no op of the trace reads it, no plan can move it (the runtime never sees it).
+    HIDDEN = 6
 
 
 #: Roles a plan may move (swap or remove): what autograd saves for backward.  The runtime
@@ -923,6 +929,17 @@ class TraceBuilder:
         self._pending_free.extend(frees)
         self.flush_frees()
         return i
+
+    def hidden(self, op: int, nbytes: int) -> int:
+        """Declare a :attr:`Role.HIDDEN` storage of ``nbytes`` allocated by op ``op`` (already
+        appended): its malloc is the first event of ``op``, so it counts at the op's peak."""
+        t = self.tensor(nbytes, Role.HIDDEN)
+        self.t_alloc[t] = op
+        at = len(self.events)
+        while at > 0 and self.events[at - 1][1] >= op:
+            at -= 1
+        self.events.insert(at, (EventKind.MALLOC, op, t))
+        return t
 
     def free(self, t: int) -> None:
         """Free ``t`` at the end of the last op (or of the next one, if none yet)."""

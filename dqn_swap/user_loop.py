@@ -79,7 +79,7 @@ from .files import write_atomically
 from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
-from .recorder import _end_iteration, _end_scratch, _Recorder, _register_state, _Saved
+from .recorder import _end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved
 from .trace import Phase, Trace, TraceBuilder, format_bytes
 
 log = logging.getLogger("dqn_swap.autoplan")
@@ -472,7 +472,7 @@ class AutoPlan:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             start = torch.cuda.memory_allocated(dev)
-        rec = _Recording(recorder, key, desc, ModuleTracker(), timeline, start)
+        rec = _Recording(recorder, key, desc, _ModuleTracker(), timeline, start)
         if timeline is not None:
             rec.stack.enter_context(timeline)
         self._recording = rec

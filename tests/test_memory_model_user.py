@@ -283,3 +283,59 @@ def test_a_zero_filled_gradient_is_filled_in_place_as_in_training() -> None:
     opt = make_opt(model.parameters())
     measured = measured_cpu_peak(model, inputs, loss_fn, opt, None, trace.initial_bytes)
     assert measured == trace.peak_bytes, (measured, trace.peak_bytes)
+
+
+class SavedScalars(nn.Module):
+    """A Python number autograd saves for backward (``h * 0.5``: ``MulBackward0`` keeps the wrapped
+    0.5, unseen by the dispatcher and by the saved-tensor hooks, until it runs in backward), and two
+    outputs whose gradients come apart, as a Hugging Face model returning its loss beside its logits:
+    the per-sample losses' gradient comes first and is used at once, the logits' comes from the
+    softmax's backward, the peak (PyTorch's module tracker, with which the recorder names modules,
+    held the first gradient until the last one came)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 32), nn.Linear(32, 512)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.fc2(torch.tanh(self.fc1(x)) * 0.5)
+        return logits, F.cross_entropy(logits, target, reduction="none")
+
+
+def _inputs_and_target(gen: torch.Generator):  # noqa: ANN202
+    x, target = torch.randn(2048, 64, generator=gen), torch.randint(0, 512, (2048,), generator=gen)
+    return (x, target), None
+
+
+def _halved_mean(out: tuple[torch.Tensor, torch.Tensor], target: None) -> torch.Tensor:
+    return out[1].mean() / 2  # the 2 is saved too, until DivBackward0 runs
+
+
+def test_numbers_autograd_saves_live_until_backward_and_no_gradient_is_held_longer() -> None:
+    """Before: the saved 0.5 and the ``/ 2`` were their ops' scratch only, so the measured peak (in
+    backward, before ``MulBackward0`` ran) was 8 bytes above the trace's, and the per-sample losses'
+    gradient (8 KiB) was held through that peak by the recorder's module tracker, which training
+    does not do: the trace was 8184 bytes above what is measured.  Now each saved number is a hidden
+    storage from its op until its node ran, no gradient is held longer, and the trace's peak is what
+    is measured."""
+    build = _workload(SavedScalars, _inputs_and_target, _halved_mean)
+    model, inputs, loss_fn, make_opt = build()
+    trace = record_trace(model, inputs, loss_fn, make_opt, device="cpu")
+    hidden = np.flatnonzero(trace.tensor_role == Role.HIDDEN)
+    names = [trace.op_names[trace.op_name[trace.tensor_alloc_op[t]]] for t in hidden]
+    assert sorted(names) == ["aten.div", "aten.mul"] and np.all(trace.tensor_nbytes[hidden] == 8)
+    freed = trace.tensor_free_op[hidden]
+    assert np.all(trace.op_phase[freed] == 1)  # released when their node ran in backward
+    assert trace.peak_op > freed.min() and trace.peak_op < freed.max()  # the 0.5 is alive at the peak
+    model, inputs, loss_fn, make_opt = build()
+    opt = make_opt(model.parameters())
+    measured = measured_cpu_peak(model, inputs, loss_fn, opt, None, trace.initial_bytes)
+    assert measured == trace.peak_bytes, (measured, trace.peak_bytes)
+    # no plan acts on a hidden storage, and the runtime does not look for one among the outputs of an
+    # op it re-runs: recomputing the product re-runs the mul (its 0.5 is then the re-run's scratch)
+    assert not trace.movable[hidden].any()
+    muls = [i for i in range(trace.n_ops) if trace.op_names[trace.op_name[i]] == "aten.mul" and trace.op_phase[i] == 0]
+    h = [t for t in np.flatnonzero(trace.tensor_alloc_op == muls[0]) if trace.tensor_role[t] == Role.SAVED]
+    assert len(h) == 1
+    measured, predicted = _measure(build, trace, make_plan(trace, recompute=h))
+    assert 0.95 * predicted <= measured <= predicted, (measured, predicted)

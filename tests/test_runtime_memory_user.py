@@ -72,15 +72,8 @@ def fast_subset(i: int, j: int) -> tuple[tuple[str, ...], str]:
     return PLANNERS[2 * ((i + j) % 2):2 * ((i + j) % 2) + 2], LIMITS[(i // 2) % 2]
 
 
-#: Cases known to fail, and why (found, not yet fixed).  Not strict: the few-byte ones come and go with the
-#: moment autograd releases a node.
-_WRAPPED = ("a few bytes above the prediction: a Python number autograd keeps for backward (T5's d_model**-0.5 "
-            "scale, a loss divided by 2) is a tensor the trace does not see")
-KNOWN = {
-    ("t5@bf16", "checkpoint", "70%"): _WRAPPED,
-    ("t5", "checkpoint", "70%"): _WRAPPED,
-    ("t5", "greedy", "40%"): _WRAPPED,
-    ("t5", "lru", "40%"): _WRAPPED,
+#: Cases known to fail, and why (found, not yet fixed); none now.
+KNOWN: dict[tuple[str, str, str], str] = {
 }
 
 

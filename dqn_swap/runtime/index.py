@@ -137,7 +137,8 @@ def _op_event_slices(trace: Trace) -> np.ndarray:
 def _op_info(trace: Trace, starts: np.ndarray, i: int) -> OpInfo:
     lo, hi = starts[i], starts[i + 1]
     kinds, tids = trace.event_kind[lo:hi], trace.event_tensor[lo:hi]
-    fresh = tuple(int(t) for t in tids[kinds == EventKind.MALLOC])
+    # A hidden storage (a Python number autograd saved, Role.HIDDEN) is no output the runtime sees.
+    fresh = tuple(int(t) for t in tids[(kinds == EventKind.MALLOC) & (trace.tensor_role[tids] != Role.HIDDEN)])
     reads = tuple(int(t) for t in tids[kinds == EventKind.READ])
     return OpInfo(trace.op_names[trace.op_name[i]], reads, fresh)
 
