@@ -56,6 +56,13 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
             os.replace(tmp, path)
         else:
             _link_new(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno is None or str(path) in str(e):
+            raise
+        error = type(e)(f"{path}: cannot be written ({e.strerror or e})")  # one line naming the file
+        error.errno = e.errno
+        raise error from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

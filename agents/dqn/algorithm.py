@@ -194,10 +194,42 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     out_path = Path(out_path)
     if out_path.exists() and not overwrite and not resume:
         raise FileExistsError(f"{out_path}: already exists (pass overwrite=True / --force to replace it)")
-    with torch_threads(threads):
-        return _train(traces, memory_limits, out_path, config, profile=profile, log_dir=log_dir,
-                      run_name=run_name, progress=progress, resume=resume, overwrite=overwrite,
-                      init_from=init_from, command=command)
+    run_dir = None
+    if log_dir is not None:
+        run_name = run_name or f"{out_path.stem}__s{config.seed}__{int(time.time())}"
+        run_dir = Path(log_dir) / run_name
+    new_folders = [p for p in (Path(log_dir) if log_dir is not None else None, run_dir) if p is not None
+                   and not p.exists()]
+    started = time.time()
+    try:
+        with torch_threads(threads):
+            return _train(traces, memory_limits, out_path, config, profile=profile, log_dir=log_dir,
+                          run_name=run_name, progress=progress, resume=resume, overwrite=overwrite,
+                          init_from=init_from, command=command)
+    except KeyboardInterrupt as e:
+        raise _stopped_training(e, out_path, started, new_folders, command) from None
+
+
+def _stopped_training(e: KeyboardInterrupt, out_path: Path, started: float, new_folders: list[Path],
+                      command: str | None) -> KeyboardInterrupt:
+    """What a stopped run keeps: its resume file, if an evaluation wrote one (and then its logs too,
+    which the resumed run continues); otherwise nothing, not even the log folders it made."""
+    import shutil
+
+    from dqn_swap.stop import Stopped, as_stopped
+
+    stopped = as_stopped(e)
+    rpath = resume_path(out_path)
+    try:
+        resumable = rpath.exists() and rpath.stat().st_mtime >= started
+    except OSError:
+        resumable = False
+    if resumable:
+        again = f"{command} --resume" if command and "--resume" not in command else (command or "train(..., resume=True)")
+        return Stopped(stopped.signum, f"{rpath} holds the run so far: continue it with {again}")
+    for folder in reversed(new_folders):  # the run's own folder first, then the log folder if it made it
+        shutil.rmtree(folder, ignore_errors=True)
+    return Stopped(stopped.signum, "stopped before its first evaluation: nothing was kept")
 
 
 def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],

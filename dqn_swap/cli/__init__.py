@@ -53,14 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error already printed on one line
         return int(e.code or 0)
     args.argv = argv  # the command line, recorded in what train and finetune save
+    from .. import stop
+
+    stop.install()  # SIGTERM stops a command as SIGINT does: one line, exit 143
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print("dqn-swap: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        stopped = stop.as_stopped(e)
+        print(f"dqn-swap {args.command}: stopped by {stopped.name}; "
+              f"{stopped.detail or 'nothing more was written'}", file=sys.stderr)
+        return stopped.exit_status
     except (UserError, ValueError, OSError, RuntimeError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"dqn-swap {args.command}: error: {message}", file=sys.stderr)

@@ -95,6 +95,49 @@ def seconds(text: str) -> float:
     return value
 
 
+def available_host_bytes() -> int | None:
+    """Bytes this process may still allocate on the host: the kernel's ``MemAvailable``, lowered by an
+    address-space limit (``ulimit -v``) if one is set; ``None`` where neither can be read."""
+    import resource
+
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * resource.getpagesize()
+            room = max(soft - used, 0)
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return avail
+
+
+def check_host_memory(load: Any, model: str, batch_size: int) -> None:
+    """Before a workload is built on the CPU: record it on ``meta`` (nothing allocated) and refuse,
+    with one line that says both figures, if its iteration needs more than the host has available.
+
+    ``load(device)`` builds the workload on ``device``."""
+    from ..recorder import record_trace
+
+    avail = available_host_bytes()
+    if avail is None:
+        return
+    w = load("meta")
+    need = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta").peak_bytes
+    if need > avail:
+        raise ValueError(f"{model} at batch size {batch_size} needs about {format_bytes(need)} of host memory for "
+                         f"one iteration on --device cpu; {format_bytes(avail)} is available here (record on "
+                         "--device meta, or use a smaller batch)")
+
+
 def load_trace(path: str) -> Trace:
     return Trace.load(path)
 

@@ -203,6 +203,34 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
     return paths
 
 
+def _write_outputs(folder: Path, made_folder: bool, md_path: Path, csv_path: Path, table: str, csv_text: str,
+                   rows: list[dict[str, Any]]) -> list[Path]:
+    """Write the table, the CSV and the plots as one: all into a staging folder beside them, then
+    each renamed into place (a rename needs no room on the disk), so that a full disk or a signal
+    leaves the folder as it was, and a folder this run made is removed again."""
+    import shutil
+    import tempfile
+
+    from ..stop import outputs_together
+
+    stage = Path(tempfile.mkdtemp(prefix=".compare.", dir=folder))
+    done = False
+    try:
+        with outputs_together(f"{md_path}, {csv_path} and the plots"):
+            write_text(stage / md_path.name, table)
+            write_text(stage / csv_path.name, csv_text)
+            staged = plot_comparison(rows, stage, True)
+            plots = [folder / p.name for p in staged]
+            for name in (md_path.name, csv_path.name, *(p.name for p in staged)):
+                os.replace(stage / name, folder / name)
+            done = True
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not done and made_folder and not any(folder.iterdir()):
+            folder.rmdir()
+    return plots
+
+
 def run(args: argparse.Namespace) -> int:
     from ..plots import check_output
 
@@ -231,17 +259,18 @@ def run(args: argparse.Namespace) -> int:
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
     rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal(), time_limit=args.time_limit,
                         search_simulations=args.search_simulations)
+    made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)
     csv_path = check_output(folder / "compare.csv", args.force)
+    for kind in ("overhead", "makespan_lb"):
+        check_output(folder / f"{kind}.png", args.force)
     table = markdown_table(rows)
     csv_text = io.StringIO(newline="")
     w = csv.DictWriter(csv_text, fieldnames=COLUMNS, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
-    write_text(md_path, table.lstrip() + "\n", overwrite=True)
-    write_text(csv_path, csv_text.getvalue(), overwrite=True)
-    plots = plot_comparison(rows, folder, args.force)
+    plots = _write_outputs(folder, made_folder, md_path, csv_path, table.lstrip() + "\n", csv_text.getvalue(), rows)
     if args.json:
         print_json(rows)
     else:

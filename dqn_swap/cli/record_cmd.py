@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from ..cost import DEFAULT_PROFILE, PROFILES
-from .common import MAX_SEED, batch_size, human, print_json, print_table, whole
+from .common import MAX_SEED, batch_size, check_host_memory, human, print_json, print_table, whole
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
     profile = measure_profile(args.device) if args.profile == "measured" else args.profile
     if isinstance(profile, str) and profile not in PROFILES:
         raise ValueError(f"unknown device profile {profile!r}; choose one of: {', '.join(PROFILES)}")
+    if args.device == "cpu":
+        check_host_memory(lambda device: load_workload(args.model, args.batch_size, device, args.seed), args.model,
+                          args.batch_size)
     workload = load_workload(args.model, args.batch_size, args.device, args.seed)
     trace = record_trace(workload.model, workload.example_inputs, workload.loss_fn,
                          workload.make_optimizer, device=args.device, profile=profile,

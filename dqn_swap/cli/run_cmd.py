@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..files import write_text
-from .common import MAX_SEED, MAX_STEPS, batch_size, whole
+from .common import MAX_SEED, MAX_STEPS, batch_size, check_host_memory, whole
 
 # The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
 # --help does not import torch (a test checks they agree).
@@ -108,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[run] {message}", file=sys.stderr, flush=True)
 
+    if args.device == "cpu":
+        from ..models import build_workload
+
+        check_host_memory(lambda device: build_workload(args.model, args.batch_size, device, seed=args.seed),
+                          args.model, args.batch_size)
     report = run_planned_training(args.model, args.batch_size, args.memory_limit, args.planner, args.steps,
                                   args.device, profile=args.profile, methods=run_methods, seed=args.seed,
                                   expandable_segments=not args.no_expandable_segments, budget=args.budget,

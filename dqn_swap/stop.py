@@ -1,0 +1,79 @@
+"""Stopping on SIGINT and SIGTERM: one line, exit 130 or 143, and no partial output.
+
+An interrupt means *stop*, not "keep the best so far": a command that is stopped writes nothing
+more, and what it had written stays whole, because every file goes through
+:func:`dqn_swap.files.write_atomically` (a temporary file, then one rename).  Two places need more:
+
+* a command that writes several outputs (``compare``'s table, CSV and plots) writes them inside
+  :func:`outputs_together`: a signal that arrives meanwhile waits until all of them are written,
+  then stops the command, whose line says that its outputs are complete;
+* ``train`` keeps a resume file at every evaluation: a run stopped after one says how to continue
+  it (``--resume``); a run stopped before any leaves nothing behind, not even its log folder.
+
+:func:`install` makes SIGTERM raise :class:`Stopped` as SIGINT raises ``KeyboardInterrupt``, so one
+``except KeyboardInterrupt`` serves both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+
+class Stopped(KeyboardInterrupt):
+    """The command was stopped by a signal; ``detail`` says what was kept (one line)."""
+
+    def __init__(self, signum: int = signal.SIGINT, detail: str = "") -> None:
+        super().__init__(detail)
+        self.signum = int(signum)
+        self.detail = detail
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def install() -> None:
+    """SIGTERM raises :class:`Stopped` (only in the main thread, where Python runs signal handlers)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_stopped)
+
+
+def as_stopped(e: KeyboardInterrupt) -> Stopped:
+    """``e`` as a :class:`Stopped` (a plain ``KeyboardInterrupt`` is SIGINT's)."""
+    return e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def outputs_together(what: str) -> Iterator[None]:
+    """Write several outputs as one: SIGINT and SIGTERM received inside wait until the block ends,
+    then raise :class:`Stopped` saying ``what`` was written whole."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if received:
+        raise Stopped(received[0], f"{what} were written whole before stopping")
+
+
+__all__ = ["Stopped", "as_stopped", "install", "outputs_together"]

@@ -1,0 +1,100 @@
+"""SIGINT and SIGTERM stop a command with one line and exit 130 or 143, leaving no partial file:
+commands run in a subprocess, and the signal is sent once the command is under way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dqn_swap.stop import Stopped, outputs_together
+
+# Imports first, then says "ready" and runs the command: the signal is sent only after that, so that
+# it reaches the command, not the interpreter's start-up.
+_CHILD = "import sys; from dqn_swap.cli import main; print('ready', flush=True); sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dqn_swap.models import build_workload
+    from dqn_swap.recorder import record_trace
+
+    w = build_workload("resnet_tiny", 8, "meta")
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta").save(
+        tmp_path_factory.mktemp("signals") / "t.trace")
+
+
+def _run_and_signal(args: list[str], cwd: Path, signum: int, when: "float | Path") -> tuple[int, str]:
+    """Start ``dqn-swap ARGS``; once it is ready, wait ``when`` seconds (or for the file ``when`` to
+    appear), send ``signum``; return the exit status and stderr."""
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, *args], cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 120
+    if isinstance(when, Path):
+        while not when.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        time.sleep(when)
+    assert p.poll() is None, "the command ended before the signal: make it longer"
+    p.send_signal(signum)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the command did not stop within 60 s of the signal")
+    return p.returncode, err
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_plan_stopped_midway_writes_nothing(trace: Path, tmp_path: Path, signum: int, status: int) -> None:
+    code, err = _run_and_signal(["plan", str(trace), "-m", "40%", "--planner", "optimal", "-o", "p.json"],
+                                tmp_path, signum, 1.0)
+    line = err.strip()
+    assert code == status, err
+    assert line == f"dqn-swap plan: stopped by {signal.Signals(signum).name}; nothing more was written"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_train_stopped_before_its_first_evaluation_leaves_nothing(trace: Path, tmp_path: Path, signum: int,
+                                                                  status: int) -> None:
+    code, err = _run_and_signal(["train", str(trace), "-m", "50%", "--steps", "100000", "--set",
+                                 "eval_every=50000", "-o", "a.pt"], tmp_path, signum, tmp_path / "runs")
+    assert code == status, err
+    assert err.strip().endswith("stopped before its first evaluation: nothing was kept"), err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # no agent, no resume file, no log folder
+
+
+def test_train_stopped_after_an_evaluation_says_how_to_resume(trace: Path, tmp_path: Path) -> None:
+    code, err = _run_and_signal(["train", str(trace), "-m", "50%", "--steps", "100000", "--set", "eval_every=200",
+                                 "--set", "learning_starts=100", "-o", "a.pt"], tmp_path, signal.SIGTERM,
+                                tmp_path / "a.pt.resume")
+    assert code == 143, err
+    line = err.strip().splitlines()[-1]
+    assert "a.pt.resume holds the run so far: continue it with dqn-swap train" in line and "--resume" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt.resume", "runs"]
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
+
+
+def test_outputs_written_together_finish_before_the_signal_stops_them(tmp_path: Path) -> None:
+    """``compare`` writes its table, CSV and plots inside ``outputs_together``: a signal midway waits
+    for the last of them, then stops the command with a line saying they are whole."""
+    from dqn_swap.files import write_text
+
+    with pytest.raises(Stopped) as info:
+        with outputs_together("the table and the CSV"):
+            write_text(tmp_path / "a.md", "table\n")
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            write_text(tmp_path / "b.csv", "x\n")
+    assert info.value.exit_status == 130 and "the table and the CSV were written whole" in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.md", "b.csv"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
