@@ -194,7 +194,9 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str], trace: "Trace | None" = None) -> "Plan":
         """Read a plan; with ``trace``, check that the plan was made for it."""
-        path = Path(path)
+        from .checks import expect_path
+
+        path = Path(expect_path(path, "path"))
         special = not_a_regular_file(path)
         if special:
             raise PlanError(special)

@@ -744,6 +744,13 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     Raises:
         RecordingError: the model raised; the message names the op or step.
     """
+    from .checks import expect, expect_callable
+
+    expect(model, torch.nn.Module, "model", what="a torch.nn.Module")
+    expect_callable(loss_fn, "loss_fn", none=True)
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        expect_callable(optimizer, "optimizer (an optimizer, or a function of the parameters that makes one)")
+    expect(meta, dict, "meta", none=True)
     reason = unsupported_reason(model)
     if reason is not None:
         raise RecordingError(reason)
@@ -753,7 +760,10 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         raise RecordingError(f"unknown kernels {kernels!r}: one of {', '.join(SCRATCH_MODELS)}")
     params = list(model.parameters()) + list(model.buffers())
     model_device = params[0].device if params else torch.device("cpu")
-    device = torch.device(device) if device is not None else model_device
+    try:
+        device = torch.device(device) if device is not None else model_device
+    except (RuntimeError, TypeError) as e:
+        raise RecordingError(f"device {device!r}: {str(e).splitlines()[0]}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RecordingError("device 'cuda' requested but no CUDA GPU is available")
     if not isinstance(example_inputs, tuple):

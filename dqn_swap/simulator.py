@@ -148,6 +148,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -1065,6 +1066,12 @@ def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limi
     tensor (``ValueError`` otherwise); a plain iterable follows
     :meth:`Simulator.run` (later duplicates ignored and reported).
     """
+    from .checks import expect
+
+    expect(trace, Trace, "trace")
+    if isinstance(plan_or_actions, (str, bytes, os.PathLike)):
+        raise TypeError("plan_or_actions must be a dqn_swap Plan (Plan.load(path) reads a file) or actions, "
+                        f"not {type(plan_or_actions).__name__}")
     if isinstance(plan_or_actions, Plan):
         plan = plan_or_actions
         plan.check_trace(trace)

@@ -560,7 +560,9 @@ class Trace:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Trace":
         """Read a trace file; any problem raises :class:`TraceError` with one line."""
-        path = Path(path)
+        from .checks import expect_path
+
+        path = Path(expect_path(path, "path"))
         special = not_a_regular_file(path)
         if special:
             raise TraceError(special)

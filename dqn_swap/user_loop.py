@@ -331,6 +331,17 @@ class AutoPlan:
             raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        from .checks import expect, expect_path
+
+        expect(planner, str, "planner")
+        expect_path(cache, "cache", none=True)
+        expect(planner_options, dict, "planner_options", none=True)
+        expect(runtime_options, dict, "runtime_options", none=True)
+        expect(allow_infeasible, bool, "allow_infeasible")
+        from .agents import PLANNER_NAMES
+
+        if planner not in PLANNER_NAMES:
+            raise AutoPlanError(f"unknown planner {planner!r}; choose one of: {', '.join(PLANNER_NAMES)}")
         from .limits import MemoryLimit
 
         MemoryLimit.parse(memory_limit)  # a malformed limit is refused now, not at the first step

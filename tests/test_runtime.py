@@ -152,7 +152,6 @@ def test_the_runtime_follows_the_schedule() -> None:
     """Prefetches start in the schedule's order, at or after its op and before the tensor's reuse;
     each re-run sequence runs once."""
     name = "gpt_tiny"
-    trace = trace_of(name)
     plan = hand_plan(name, "mixed")
     got = train(name, plan, steps=1)
     stats, index = got.runtime.stats, got.runtime.index

@@ -13,7 +13,6 @@ checker catching each kind of mistake.
 from __future__ import annotations
 
 import gc
-import time
 
 import pytest
 import torch

@@ -696,6 +696,11 @@ class PlannedExecution:
                  memory_limit: LimitSpec | None = None, max_inflight_bytes: int | None = None,
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
                  check_plan: bool = True, allow_infeasible: bool = False) -> None:
+        from ..checks import expect
+
+        expect(model, torch.nn.Module, "model", none=True, what="a torch.nn.Module")
+        expect(plan, Plan, "plan")
+        expect(trace, Trace, "trace")
         refuse_unsupported(model)
         if check_plan:
             plan.check_trace(trace)

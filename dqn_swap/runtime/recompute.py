@@ -6,11 +6,12 @@ Recording
 the recorder did (views and host-only bookkeeping do not count) and records
 the calls of the ops in :attr:`PlanIndex.record_ops
 <dqn_swap.runtime.index.PlanIndex.record_ops>`: the function, its arguments
-and, for random ops (dropout), the generator's state before the call.  It is
-on only where the plan needs it: the runtime pushes it at an *anchor* -- a
-pack at which the trace says how many ops have run (``Trace.saved_op``) --
-and takes it off once the last op of that window has been recorded, at the
-next pack (or at the start of the forward pass, for ops before any pack).
+and, for random ops (dropout), the generator's state before the call, held
+outside the device's allocator (:func:`rng_snapshot`).  It is on only where
+the plan needs it: the runtime pushes it at an *anchor* -- a pack at which
+the trace says how many ops have run (``Trace.saved_op``) -- and takes it off
+once the last op of that window has been recorded, at the next pack (or at
+the start of the forward pass, for ops before any pack).
 
 Arguments are kept as
 
@@ -93,7 +94,7 @@ class OpRecord:
     args: Any
     kwargs: Any
     outputs: dict[int, int]  # tensor id -> position among the flattened outputs
-    rng: tuple[torch.Generator, torch.Tensor] | None
+    rng: tuple[torch.Generator, torch.Generator | torch.Tensor] | None  # generator, rng_snapshot before the op
     live: dict[int, Any]  # tensor id -> weak reference to the live argument tensor (resolution fallback)
 
 
@@ -112,6 +113,31 @@ def _generator_for(func: torch._ops.OpOverload, args: tuple, kwargs: dict, devic
         idx = device.index if device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[idx]
     return torch.default_generator
+
+
+def rng_snapshot(gen: torch.Generator) -> torch.Generator | torch.Tensor:
+    """The state of ``gen`` now, to replay a random op with, held without device memory.
+
+    ``Generator.get_state`` returns the state as a tensor of the host allocator: on the CPU that
+    is the device (a CPU generator's state is 5056 bytes), and a recorded random op would hold one
+    from its forward run to the end of the iteration, memory no plan counts.  A CPU generator is
+    cloned instead (``clone_state``: a generator object, outside the allocator); a CUDA generator's
+    state tensor is host memory, not the device's, and is kept as it is.
+    """
+    if gen.device.type == "cpu":
+        return gen.clone_state()
+    return gen.get_state()
+
+
+def rng_state(gen_or_state: torch.Generator | torch.Tensor) -> torch.Tensor:
+    """A state for ``Generator.set_state`` from a generator or a state tensor, in host memory outside
+    the allocator (a tensor over a ``bytearray``): the allocator's copy that ``get_state`` makes
+    lives only inside this call, so re-running a random op holds no state while its kernel runs
+    (``OpRecorder.run_sequence`` takes these before its first re-run allocates)."""
+    state = gen_or_state.get_state() if isinstance(gen_or_state, torch.Generator) else gen_or_state
+    if state.device.type != "cpu":
+        return state
+    return torch.frombuffer(bytearray(state.numpy().tobytes()), dtype=torch.uint8)
 
 
 def leaves(x: Any, out: list[Any] | None = None) -> list[Any]:
@@ -181,7 +207,7 @@ class RecordMode(TorchDispatchMode):
         if record and _is_random(func):
             # The state before the op: replaying it with this state draws the same numbers.
             gen = _generator_for(func, args, kwargs, it.rt.device)
-            rng = (gen, gen.get_state())
+            rng = (gen, rng_snapshot(gen))
         if flat_in:
             spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None  # before it runs
             out = func(*args, **kwargs)
@@ -251,7 +277,7 @@ class OpRecorder:
         return (sargs, skwargs), keys, live
 
     def finish(self, i: int, func: torch._ops.OpOverload, spec: tuple[Any, dict[int, int], dict[int, Any]],
-               out: Any, rng: tuple[torch.Generator, torch.Tensor] | None) -> None:
+               out: Any, rng: tuple[torch.Generator, torch.Generator | torch.Tensor] | None) -> None:
         (sargs, skwargs), keys, live = spec
         info = self.index.forward_ops[i]
         dev_type = self.it.rt.device.type
@@ -279,6 +305,20 @@ class OpRecorder:
     def run_sequence(self, steps: tuple[RecomputeStep, ...]) -> dict[int, torch.UntypedStorage]:
         """Re-run ``steps``; returns the storages they keep that are still alive at the end."""
         made: dict[int, torch.UntypedStorage] = {}
+        # The RNG states the random re-runs set, and the ones they give back, taken now, before the
+        # first re-run allocates: the allocator's copy ``get_state`` makes of each (rng_state) is then
+        # a transient at the memory the sequence starts from, below the sequence's own peak unless its
+        # re-runs allocate fewer bytes than one state.  Re-runs in between (this sequence's, nested
+        # ones) restore what they set.
+        replay_states: dict[int, torch.Tensor] = {}
+        current: list[tuple[torch.Generator, torch.Tensor]] = []
+        for step in steps:
+            rec = self.ops.get(step.op)
+            if rec is not None and rec.rng is not None:
+                gen, snapshot = rec.rng
+                if not any(g is gen for g, _ in current):
+                    current.append((gen, rng_state(gen)))
+                replay_states[step.op] = rng_state(snapshot)
         for step in steps:
             rec = self.ops.get(step.op)
             if rec is None:
@@ -287,13 +327,12 @@ class OpRecorder:
                     f"forward pass ({self.it.rt.plan_label()})")
             args, kwargs = self._materialize(rec, made, step.op)
             if rec.rng is not None:
-                gen, state = rec.rng
-                current = gen.get_state()
-                gen.set_state(state)  # the forward's RNG state: dropout draws the same mask
+                gen = rec.rng[0]
+                gen.set_state(replay_states.pop(step.op))  # the forward's RNG state: dropout draws the same mask
                 try:
                     out = rec.func(*args, **kwargs)
                 finally:
-                    gen.set_state(current)
+                    gen.set_state(next(state for g, state in current if g is gen))
             else:
                 out = rec.func(*args, **kwargs)
             self.it.stats.replayed_ops += 1
@@ -378,4 +417,4 @@ def _resolve_weak(ref: Any, version: int) -> torch.UntypedStorage | None:
 
 
 __all__ = ["Const", "OpRecord", "OpRecorder", "RecomputeError", "Ref", "RecordMode", "TraceMismatchError",
-           "view_of"]
+           "rng_snapshot", "rng_state", "view_of"]
