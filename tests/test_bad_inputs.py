@@ -327,3 +327,67 @@ def test_a_hugging_face_config_the_library_rejects(tmp_path: Path, capsys: pytes
     assert code == 2 and "Traceback" not in err and "\n" not in line, err
     assert "cfg" in line and words in line, line
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["cfg", "config.json"]
+
+
+def _type_cases(files: Path) -> list[tuple[str, Callable[[], Any], type[BaseException], str]]:
+    import dqn_swap
+    from dqn_swap.plan import Plan
+    from dqn_swap.recorder import RecordingError, record_trace
+    from dqn_swap.runtime import PlannedExecution
+    from dqn_swap.simulator import simulate
+    from dqn_swap.user_loop import AutoPlanError
+
+    trace = Trace.load(files / TRACE)
+    plan = Plan.load(files / PLAN)
+    m = torch.nn.Linear(4, 2)
+    x = torch.randn(2, 4)
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return out.sum()
+
+    def sgd(p: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(p, lr=0.1)
+
+    return [
+        ("autoplan model", lambda: dqn_swap.autoplan("model", "50%"), AutoPlanError, "torch.nn.Module, got str"),
+        ("autoplan limit", lambda: dqn_swap.autoplan(m, [1, 2]), ValueError, "not a memory limit: [1, 2]"),
+        ("autoplan planner type", lambda: dqn_swap.autoplan(m, "50%", planner=5), TypeError, "planner must be str"),
+        ("autoplan planner name", lambda: dqn_swap.autoplan(m, "50%", planner="nosuch"), AutoPlanError,
+         "unknown planner 'nosuch'"),
+        ("autoplan optimizer", lambda: dqn_swap.autoplan(m, "50%", optimizer="adam"), AutoPlanError,
+         "optimizer must be a torch.optim.Optimizer"),
+        ("autoplan new_shapes", lambda: dqn_swap.autoplan(m, "50%", new_shapes="maybe"), AutoPlanError,
+         "new_shapes='maybe'"),
+        ("autoplan cache", lambda: dqn_swap.autoplan(m, "50%", cache=5), TypeError, "cache must be a file name"),
+        ("autoplan planner_options", lambda: dqn_swap.autoplan(m, "50%", planner_options=[1]), TypeError,
+         "planner_options must be dict or None, not list"),
+        ("autoplan runtime_options", lambda: dqn_swap.autoplan(m, "50%", runtime_options="x"), TypeError,
+         "runtime_options must be dict or None"),
+        ("autoplan allow_infeasible", lambda: dqn_swap.autoplan(m, "50%", allow_infeasible="yes"), TypeError,
+         "allow_infeasible must be bool"),
+        ("record model", lambda: record_trace(None, x, loss, sgd), TypeError, "model must be a torch.nn.Module"),
+        ("record loss", lambda: record_trace(m, x, 5, sgd), TypeError, "loss_fn must be callable or None, not int"),
+        ("record optimizer", lambda: record_trace(m, x, loss, "sgd"), TypeError, "optimizer (an optimizer"),
+        ("record device", lambda: record_trace(m, x, loss, sgd, device="tpu9"), RecordingError, "device 'tpu9'"),
+        ("record meta", lambda: record_trace(m, x, loss, sgd, meta=[1]), TypeError, "meta must be dict or None"),
+        ("record inputs", lambda: record_trace(m, x, loss, sgd, inputs="maybe"), RecordingError, "unknown inputs"),
+        ("simulate plan path", lambda: simulate(trace, "p.json"), TypeError, "Plan.load(path) reads a file"),
+        ("simulate trace", lambda: simulate("t.trace", plan), TypeError, "trace must be dqn_swap.Trace, not str"),
+        ("plan load", lambda: Plan.load(5), TypeError, "path must be a file name"),
+        ("trace load", lambda: Trace.load(None), TypeError, "path must be a file name"),
+        ("limit list", lambda: dqn_swap.MemoryLimit.parse([1]), ValueError, "not a memory limit: [1]"),
+        ("limit dict", lambda: dqn_swap.MemoryLimit.parse({"a": 1}), ValueError, "not a memory limit"),
+        ("runtime plan", lambda: PlannedExecution(m, None, trace), TypeError, "plan must be dqn_swap.Plan"),
+        ("runtime trace", lambda: PlannedExecution(m, plan, "t.trace"), TypeError, "trace must be dqn_swap.Trace"),
+        ("runtime model", lambda: PlannedExecution("m", plan, trace), TypeError, "model must be a torch.nn.Module"),
+        ("planner", lambda: dqn_swap.get_planner(5), ValueError, "unknown planner 5"),
+    ]
+
+
+def test_wrong_argument_types_in_the_python_api(files: Path) -> None:
+    """A wrong type is one line naming the argument, raised at the call (not an AttributeError inside)."""
+    for label, call, error, words in _type_cases(files):
+        with pytest.raises(error) as info:
+            call()
+        message = str(info.value)
+        assert words in message and "\n" not in message.strip(), f"{label}: {message}"

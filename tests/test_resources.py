@@ -64,6 +64,8 @@ sys.exit(main(sys.argv[1:]))
     (["simulate", "TRACE", "-m", "50%", "--planner", "lru", "--json"], None),
     (["plan", "TRACE", "-m", "50%", "--planner", "vdnn", "-o", "p.json"], "p.json"),
     (["compare", "TRACE", "--memory-limits", "50%", "--planners", "lru,vdnn", "-o", "cmp"], "cmp"),
+    (["run", "--model", "mlp_tiny", "--batch-size", "4", "-m", "50%", "--device", "cpu", "--steps", "1",
+      "--planner", "lru", "-o", "r.json"], "r.json"),
 ])
 def test_a_full_disk_leaves_no_partial_output(tmp_path: Path, command: list[str], output: str | None) -> None:
     """A file-size cap (what a full disk looks like to a writer): the command fails with one line

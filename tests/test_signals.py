@@ -98,3 +98,26 @@ def test_outputs_written_together_finish_before_the_signal_stops_them(tmp_path: 
     assert info.value.exit_status == 130 and "the table and the CSV were written whole" in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.md", "b.csv"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_output_folder_removed_midway_is_made_again_and_the_run_ends_whole(trace: Path, tmp_path: Path) -> None:
+    """``train -o out/a.pt`` whose folder is removed while it trains: the next evaluation makes the
+    folder again (the agent is the user's asked-for output), and the run ends with a whole agent
+    that loads, and no temporary file."""
+    import shutil
+
+    from dqn_swap.agents.dqn import load_agent
+
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, "train", str(trace), "-m", "50%", "--steps", "3000",
+                          "--set", "eval_every=200", "--set", "learning_starts=100", "-o", "out/a.pt"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "a.pt.resume").exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(out)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and "Traceback" not in err, err
+    load_agent(out / "a.pt")
+    assert not any(x.name.endswith(".tmp") for x in tmp_path.rglob("*"))

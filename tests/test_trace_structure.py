@@ -263,9 +263,13 @@ def test_an_impossible_trace_is_refused_on_load(good: Path, name: str) -> None:
     assert words in message and "\n" not in message, message
 
 
-@pytest.mark.parametrize("command", [["inspect"], ["plan", "-m", "60%", "--planner", "lru", "-o", "new.json"],
-                                     ["simulate", "-m", "60%", "--planner", "dqn-search"]])
-@pytest.mark.parametrize("name", ["producer_cycle", "every_tensor_huge", "profile_unknown", "saved_index_all_unset"])
+_COMMANDS = {"inspect": ["inspect"], "plan": ["plan", "-m", "60%", "--planner", "lru", "-o", "new.json"],
+             "search": ["simulate", "-m", "60%", "--planner", "dqn-search"]}
+
+
+@pytest.mark.parametrize("name,command", [(n, _COMMANDS[c]) for n in CASES for c in ("inspect", "plan")]
+                         + [(n, _COMMANDS["search"]) for n in ("producer_cycle", "every_tensor_huge",
+                                                                "profile_unknown", "saved_index_all_unset")])
 def test_the_command_line_refuses_it_before_planning(good: Path, name: str, command: list[str],
                                                      capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

@@ -208,27 +208,40 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
                           init_from=init_from, command=command)
     except KeyboardInterrupt as e:
         raise _stopped_training(e, out_path, started, new_folders, command) from None
+    except BaseException:
+        if not _resumable(out_path, started):  # a run that failed leaves nothing: not even its log folder
+            _remove(new_folders)
+        raise
+
+
+def _resumable(out_path: Path, started: float) -> bool:
+    """Whether this run (begun at ``started``) wrote a resume file, at an evaluation."""
+    rpath = resume_path(out_path)
+    try:
+        return rpath.exists() and rpath.stat().st_mtime >= started
+    except OSError:
+        return False
+
+
+def _remove(folders: list[Path]) -> None:
+    import shutil
+
+    for folder in reversed(folders):  # the run's own folder first, then the log folder if the run made it
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _stopped_training(e: KeyboardInterrupt, out_path: Path, started: float, new_folders: list[Path],
                       command: str | None) -> KeyboardInterrupt:
     """What a stopped run keeps: its resume file, if an evaluation wrote one (and then its logs too,
     which the resumed run continues); otherwise nothing, not even the log folders it made."""
-    import shutil
-
     from dqn_swap.stop import Stopped, as_stopped
 
     stopped = as_stopped(e)
     rpath = resume_path(out_path)
-    try:
-        resumable = rpath.exists() and rpath.stat().st_mtime >= started
-    except OSError:
-        resumable = False
-    if resumable:
+    if _resumable(out_path, started):
         again = f"{command} --resume" if command and "--resume" not in command else (command or "train(..., resume=True)")
         return Stopped(stopped.signum, f"{rpath} holds the run so far: continue it with {again}")
-    for folder in reversed(new_folders):  # the run's own folder first, then the log folder if it made it
-        shutil.rmtree(folder, ignore_errors=True)
+    _remove(new_folders)
     return Stopped(stopped.signum, "stopped before its first evaluation: nothing was kept")
 
 
