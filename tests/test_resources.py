@@ -88,3 +88,21 @@ def test_a_full_disk_leaves_no_partial_output(tmp_path: Path, command: list[str]
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "cannot be written (File too large)" in err and output in err, err
     assert [p.name for p in work.rglob("*") if p.is_file()] == [], sorted(p.name for p in work.rglob("*"))
+
+
+def test_running_out_of_host_memory_midway_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A MemoryError the check could not foresee (another process took the memory) is one line."""
+    import dqn_swap.cli.inspect_cmd as inspect_cmd
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    from dqn_swap.models import build_workload
+    from dqn_swap.recorder import record_trace
+
+    w = build_workload("resnet_tiny", 2, "meta")
+    record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta").save(tmp_path / "t.trace")
+    monkeypatch.setattr(inspect_cmd, "load_trace", exhausted)
+    code = main(["inspect", str(tmp_path / "t.trace")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "dqn-swap inspect: error: out of host memory (a smaller batch, or --device meta)"

@@ -208,10 +208,19 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
                           init_from=init_from, command=command)
     except KeyboardInterrupt as e:
         raise _stopped_training(e, out_path, started, new_folders, command) from None
-    except BaseException:
+    except BaseException as e:
         if not _resumable(out_path, started):  # a run that failed leaves nothing: not even its log folder
             _remove(new_folders)
+            raise
+        if isinstance(e, (MemoryError, OSError, RuntimeError)):  # it can go on where it stopped
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuntimeError(f"{first} ({_continue_with(out_path, command)})") from None
         raise
+
+
+def _continue_with(out_path: Path, command: str | None) -> str:
+    again = f"{command} --resume" if command and "--resume" not in command else (command or "train(..., resume=True)")
+    return f"{resume_path(out_path)} holds the run so far: continue it with {again}"
 
 
 def _resumable(out_path: Path, started: float) -> bool:
@@ -237,10 +246,8 @@ def _stopped_training(e: KeyboardInterrupt, out_path: Path, started: float, new_
     from dqn_swap.stop import Stopped, as_stopped
 
     stopped = as_stopped(e)
-    rpath = resume_path(out_path)
     if _resumable(out_path, started):
-        again = f"{command} --resume" if command and "--resume" not in command else (command or "train(..., resume=True)")
-        return Stopped(stopped.signum, f"{rpath} holds the run so far: continue it with {again}")
+        return Stopped(stopped.signum, _continue_with(out_path, command))
     _remove(new_folders)
     return Stopped(stopped.signum, "stopped before its first evaluation: nothing was kept")
 

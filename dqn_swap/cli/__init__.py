@@ -66,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dqn-swap {args.command}: stopped by {stopped.name}; "
               f"{stopped.detail or 'nothing more was written'}", file=sys.stderr)
         return stopped.exit_status
+    except MemoryError:
+        print(f"dqn-swap {args.command}: error: out of host memory (a smaller batch, or --device meta)",
+              file=sys.stderr)
+        return 2
     except (UserError, ValueError, OSError, RuntimeError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"dqn-swap {args.command}: error: {message}", file=sys.stderr)
