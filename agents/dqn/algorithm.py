@@ -201,14 +201,18 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     new_folders = [p for p in (Path(log_dir) if log_dir is not None else None, run_dir) if p is not None
                    and not p.exists()]
     started = time.time()
+    writers: list[Any] = []  # the TensorBoard writer: closed before a stopped run's logs are removed,
+    # or its thread would write into a folder that is being removed
     try:
         with torch_threads(threads):
             return _train(traces, memory_limits, out_path, config, profile=profile, log_dir=log_dir,
                           run_name=run_name, progress=progress, resume=resume, overwrite=overwrite,
-                          init_from=init_from, command=command)
+                          init_from=init_from, command=command, writers=writers)
     except KeyboardInterrupt as e:
+        _close(writers)
         raise _stopped_training(e, out_path, started, new_folders, command) from None
     except BaseException as e:
+        _close(writers)
         if not _resumable(out_path, started):  # a run that failed leaves nothing: not even its log folder
             _remove(new_folders)
             raise
@@ -216,6 +220,12 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RuntimeError(f"{first} ({_continue_with(out_path, command)})") from None
         raise
+
+
+def _close(writers: list[Any]) -> None:
+    for w in writers:
+        w.close()
+    writers.clear()
 
 
 def _continue_with(out_path: Path, command: str | None) -> str:
@@ -256,7 +266,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
            out_path: Path, config: DQNConfig, *, profile: str | DeviceProfile | None,
            log_dir: str | os.PathLike[str] | None, run_name: str | None, progress: bool | None,
            resume: bool, overwrite: bool, init_from: str | os.PathLike[str] | None,
-           command: str | None) -> TrainResult:
+           command: str | None, writers: list[Any] | None = None) -> TrainResult:
     t_start = time.perf_counter()
 
     # ---- seeding
@@ -309,6 +319,8 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
 
         run_name = run_name or f"{out_path.stem}__s{config.seed}__{int(time.time())}"
         writer = SummaryWriter(str(Path(log_dir) / run_name))
+        if writers is not None:
+            writers.append(writer)
         writer.add_text("config", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in config.to_dict().items()))
     from tqdm import tqdm
 
