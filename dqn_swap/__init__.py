@@ -12,41 +12,27 @@ from .trace import EventKind, Phase, Role, Trace, TraceBuilder, TraceError, reso
 __version__ = "0.1.0"
 
 
-def record_trace(*args, **kwargs):  # noqa: ANN002, ANN003
-    """Record one training iteration; see :func:`dqn_swap.recorder.record_trace`."""
-    from .recorder import record_trace as _record
-
-    return _record(*args, **kwargs)
-
-
-def autoplan(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    """Planned training in your own loop, one line; see :func:`dqn_swap.user_loop.autoplan`."""
-    from .user_loop import autoplan as _autoplan
-
-    return _autoplan(*args, **kwargs)
+#: Public names imported when first used (they load torch, the agents, the runtime), and the module that
+#: defines each.  Module ``__getattr__`` hands out the real object, so ``help()`` and
+#: ``inspect.signature`` show its own signature and docstring, not a wrapper's ``(*args, **kwargs)``.
+_LAZY = {"record_trace": ".recorder", "autoplan": ".user_loop", "AutoPlan": ".user_loop",
+         "AutoPlanError": ".user_loop", "get_planner": ".agents", "PlannedExecution": ".runtime",
+         "simulate": ".simulator", "Simulator": ".simulator"}
 
 
-def get_planner(name: str, **kwargs):  # noqa: ANN003, ANN201
-    """The planner called ``name`` (the baselines and the DQN); see :func:`dqn_swap.agents.get_planner`."""
-    from .agents import get_planner as _get
+def __getattr__(name: str):  # noqa: ANN202 (lazy: torch and the rest load on first use)
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dqn_swap' has no attribute {name!r}")
+    import importlib
 
-    return _get(name, **kwargs)
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later look-ups find it without coming here
+    return value
 
 
-def __getattr__(name: str):  # noqa: ANN202 (lazy: the runtime and simulator import more)
-    if name == "PlannedExecution":
-        from .runtime import PlannedExecution
-
-        return PlannedExecution
-    if name in ("AutoPlan", "AutoPlanError"):
-        from . import user_loop
-
-        return getattr(user_loop, name)
-    if name in ("simulate", "Simulator"):
-        from . import simulator
-
-        return getattr(simulator, name)
-    raise AttributeError(f"module 'dqn_swap' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = ["PROFILES", "Action", "ActionKind", "AutoPlan", "AutoPlanError", "DeviceProfile", "EventKind", "MemoryLimit", "MemoryLimitError", "Phase",

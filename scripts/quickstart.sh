@@ -13,7 +13,8 @@ PY=.venv/bin/python
 out=out/quickstart
 mkdir -p "$out"
 dqn() { "$PY" -m dqn_swap "$@"; }
-dqn record --model resnet50 --batch-size 64 --device meta --profile v100-pcie3 -o "$out/resnet50.trace" --force
+# inspect prints the trace's summary (with its memory plot): record's own copy of it is not shown
+dqn record --model resnet50 --batch-size 64 --device meta --profile v100-pcie3 -o "$out/resnet50.trace" --force >/dev/null
 dqn inspect "$out/resnet50.trace" --plot "$out/resnet50-memory.png"
 dqn compare "$out/resnet50.trace" --memory-limits 90%,70%,50%,30% --planners all --agent checkpoints/grid/resnet50.pt \
     --time-limit 60 -o "$out/compare" --force

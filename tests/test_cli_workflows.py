@@ -381,3 +381,126 @@ def test_compare_writes_tables_and_plots(resnet, tmp_path, capsys):
     code, _, err = run(["compare", str(resnet), "--planners", "greedy", "--memory-limits", "90%", "-o", str(folder)],
                        capsys)
     one_line_error(code, err, "already exists")
+
+
+# --------------------------------------------------------------------------- run --plan
+def test_run_follows_a_saved_plan_and_refuses_one_for_another_trace(tmp_path, capsys):
+    """record + plan + run --plan: run records the same trace, follows the plan's actions at its limit;
+    a plan of another batch size is refused in one line before any training."""
+    trace_path, plan_path, report_path = tmp_path / "r.trace", tmp_path / "plan.json", tmp_path / "report.json"
+    run_quietly(["record", "--model", "resnet_tiny", "--batch-size", "2", "--device", "cpu", "-o", str(trace_path)])
+    run_quietly(["plan", str(trace_path), "-m", "50%", "--planner", "greedy", "-o", str(plan_path)])
+    saved = json.loads(plan_path.read_text())
+    assert saved["actions"]  # a plan that moves something
+    code, out, err = run(["run", "--model", "resnet_tiny", "--batch-size", "2", "--device", "cpu", "--plan",
+                          str(plan_path), "--steps", "1", "--methods", "planned", "-o", str(report_path),
+                          "--quiet"], capsys)
+    assert code == 0, err
+    report = json.loads(report_path.read_text())
+    assert report["trace"]["fingerprint"] == saved["trace_fingerprint"]
+    assert report["memory_limit"] == saved["memory_limit"] and report["plan"]["file"] == str(plan_path)
+    assert report["plan"]["planner"] == "greedy" and report["plan"]["swaps"] == len(saved["actions"])
+    assert report["methods"]["planned"]["status"] == "ok"
+    assert report["comparison"]["planned_peak_within_limit"] is True
+    code, _, err = run(["run", "--model", "resnet_tiny", "--batch-size", "1", "--device", "cpu", "--plan",
+                        str(plan_path), "--steps", "1", "--quiet"], capsys)
+    one_line_error(code, err, f"{plan_path} (against the trace run recorded: resnet_tiny at batch size 1",
+                   f"made for trace {saved['trace_fingerprint']}")
+    code, _, err = run(["run", "--model", "resnet_tiny", "--batch-size", "1", "--device", "cpu", "--plan",
+                        str(plan_path), "--trace", str(trace_path)], capsys)
+    one_line_error(code, err, "a trace of batch size 2, not 1 (--batch-size)")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-m", "50%", "--plan", "p.json"], "--memory-limit does not go with --plan"),
+    (["--plan", "p.json", "--planner", "lru"], "--planner does not go with --plan"),
+    (["-m", "50%", "--trace", "t.trace"], "--trace goes with --plan"),
+    ([], "--memory-limit is required"),
+    (["--plan", "nosuch.json"], "nosuch.json: no such file"),
+])
+def test_run_plan_options_one_line(args, message, capsys):
+    code, _, err = run(["run", "--model", "mlp_tiny", "--device", "cpu", *args], capsys)
+    one_line_error(code, err, message)
+
+
+def test_run_help_names_every_kind_of_model(capsys):
+    assert main(["run", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for form in ("resnet_tiny", "hf:NAME", "hf:PATH/config.json", "gen:FAMILY:SEED", "package.module:function",
+                 "--plan FILE", "--trace FILE"):
+        assert form in out, form
+
+
+def test_compare_shows_no_figures_for_an_infeasible_plan(resnet, tmp_path, capsys):
+    """An infeasible cell gives the op where it fails and the bytes it lacks, no overhead, makespan or peak."""
+    folder = tmp_path / "cmp"
+    code, out, err = run(["compare", str(resnet), "--planners", "none,greedy", "--memory-limits", "100%,0%",
+                          "-o", str(folder), "--json"], capsys)
+    assert code == 0, err
+    rows = {(r["planner"], r["limit"]): r for r in json.loads(out)}
+    failed = rows[("none", "0%")]
+    assert failed["feasible"] is False
+    assert failed["overhead"] is None and failed["makespan_s"] is None and failed["peak_bytes"] is None
+    assert failed["distance_to_ceiling"] is None and failed["makespan_over_lower_bound"] is None
+    trace = Trace.load(resnet)
+    assert 0 <= failed["fails_at_op"] < trace.n_ops and failed["fails_short_bytes"] > 0
+    assert failed["fails_at"] == trace.op_label(failed["fails_at_op"])
+    fits = rows[("none", "100%")]
+    assert fits["feasible"] and fits["overhead"] == 0.0 and fits["fails_at_op"] is None
+    with open(folder / "compare.csv") as f:
+        csv_rows = {(r["planner"], r["limit"]): r for r in csv.DictReader(f)}
+    assert csv_rows[("none", "0%")]["overhead"] == csv_rows[("none", "0%")]["makespan_s"] == ""
+    assert csv_rows[("none", "0%")]["fails_at_op"] == str(failed["fails_at_op"])
+    table = (folder / "compare.md").read_text()
+    assert f"fails at #{failed['fails_at_op']}, {format_bytes(failed['fails_short_bytes'])} short" in table
+    assert "-0.0%" not in table
+
+
+def test_percent_has_no_negative_zero():
+    from dqn_swap.cli.compare_cmd import percent
+
+    assert percent(-1e-17) == "0.0%" and percent(-0.0) == "0.0%" and percent(0.0123) == "1.2%"
+    assert percent(-0.02) == "-2.0%"
+
+
+def test_every_planner_has_its_own_plot_style_and_the_legend_is_outside(resnet, tmp_path, monkeypatch):
+    from dqn_swap.agents import PLANNER_NAMES
+    from dqn_swap.cli import compare_cmd
+
+    names = [*PLANNER_NAMES, "extra-1", "extra-2", "extra-3"]
+    assert len(names) >= 12
+    styles = compare_cmd.planner_styles(names)
+    keys = {(s["color"], s["marker"], s["linestyle"]) for s in styles.values()}
+    assert len(keys) == len(names)
+    assert (styles["dqn"]["color"], styles["dqn"]["marker"]) != (styles["optimal"]["color"],
+                                                                 styles["optimal"]["marker"])
+    assert compare_cmd.planner_styles(["optimal"]) == {"optimal": styles["optimal"]}  # the same in any comparison
+    figures = []
+    monkeypatch.setattr("dqn_swap.plots.save", lambda fig, path: figures.append(fig) or path)
+    rows = compare_cmd.compare_grid({"r": Trace.load(resnet)}, ["90%", "60%"], ["greedy", "window", "lru"])
+    compare_cmd.plot_comparison(rows, tmp_path, True)
+    assert len(figures) == 2
+    for fig in figures:
+        assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+        legend = fig.legends[0]
+        assert [t.get_text() for t in legend.get_texts()] == ["greedy", "window", "lru"]
+        fig.canvas.draw()
+        box, axes_box = legend.get_window_extent(), fig.axes[-1].get_window_extent()
+        assert box.x0 >= axes_box.x1  # right of the axes: it covers no curve
+
+
+def test_compare_says_why_checkpoint_does_not_apply_to_a_recurrence():
+    from dqn_swap.cli.compare_cmd import compare_grid, markdown_table
+    from dqn_swap.models.rnn import CharLSTM
+    from dqn_swap.recorder import record_trace
+
+    torch.manual_seed(0)
+    trace = record_trace(CharLSTM(vocab=11, hidden=16, layers=2), torch.randint(0, 11, (2, 12)),
+                         lambda out: out.sum(), lambda p: torch.optim.SGD(p, lr=0.1), device="meta",
+                         meta={"model": "char-lstm"})
+    rows = compare_grid({"lstm": trace}, ["50%"], ["greedy", "checkpoint"])
+    cell = next(r for r in rows if r["planner"] == "checkpoint")
+    assert not cell["feasible"] and cell["not_applicable"].startswith("not applicable: the forward graph has")
+    table = markdown_table(rows)
+    assert f"not applicable: fails at #{cell['fails_at_op']}" in table
+    assert f"`checkpoint` is {cell['not_applicable']}." in table

@@ -310,8 +310,10 @@ class BasePlanner:
         actions, found = self.choose(TraceFacts(trace), evaluator)
         result = evaluator.run(actions)
         settings = {**self.settings, **found, "simulations": evaluator.simulations}
-        if not result.feasible and self.limitation:
-            settings["limitation"] = self.limitation
+        # a planner that cannot apply to this trace says why in found["not_applicable"]
+        limitation = found.get("not_applicable") or self.limitation
+        if not result.feasible and limitation:
+            settings["limitation"] = limitation
         return Plan(actions=Plan.sorted_actions(actions), memory_limit=int(memory_limit),
                     trace_fingerprint=trace.fingerprint, profile=profile.name, planner=self.name,
                     settings=_jsonable(settings), figures=result.figures(), schedule=result.schedule)

@@ -15,8 +15,8 @@ from .common import SEARCH_SIMULATIONS_HELP, load_trace, on_terminal, print_json
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
-           "makespan_over_lower_bound", "ceiling_s", "ceiling", "distance_to_ceiling", "peak_bytes", "n_swap",
-           "n_recompute", "planning_s"]
+           "makespan_over_lower_bound", "ceiling_s", "ceiling", "distance_to_ceiling", "peak_bytes", "fails_at_op",
+           "fails_short_bytes", "n_swap", "n_recompute", "planning_s"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,19 +93,47 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
         t0 = time.perf_counter()
         plan = planner_objs[pl].plan(trace, limit, profile)
         elapsed = time.perf_counter() - t0
-        f = plan.figures
         rows.append({"trace": name, "model": trace.meta.get("model"), "limit": lim, "limit_bytes": limit,
-                     "planner": pl, "feasible": bool(f.get("feasible")), "overhead": f.get("overhead"),
-                     "makespan_s": f.get("makespan"), "makespan_over_lower_bound": f.get("makespan_over_lower_bound"),
-                     "peak_bytes": f.get("peak_bytes"), "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
-                     "planning_s": elapsed, "unplanned_peak_bytes": trace.peak_bytes,
-                     "lower_bound_s": f.get("lower_bound"), "certified_bound_s": plan.settings.get("certified_bound")})
+                     "planner": pl, **cell_figures(trace, plan.figures), "n_swap": plan.n_swap,
+                     "n_recompute": plan.n_recompute, "planning_s": elapsed, "unplanned_peak_bytes": trace.peak_bytes,
+                     "compute_time_s": trace.compute_time, "lower_bound_s": plan.figures.get("lower_bound"),
+                     "certified_bound_s": plan.settings.get("certified_bound"),
+                     **({"not_applicable": plan.settings["not_applicable"]}
+                        if plan.settings.get("not_applicable") else {})})
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     add_ceilings(rows)
     return rows
+
+
+def cell_figures(trace: Any, figures: dict[str, Any]) -> dict[str, Any]:
+    """A cell's figures from a plan's simulated ``figures``.
+
+    A feasible plan gives its overhead, makespan and peak.  An infeasible one gives none of them (the
+    simulator stopped at the op that could not run, so its makespan and peak are those of a partial
+    iteration, its peak below the limit): only that op (``fails_at_op``, ``fails_at`` its label) and
+    how many bytes it lacked after every pending swap-out (``fails_short_bytes``).
+    """
+    if figures.get("feasible"):
+        return {"feasible": True, "overhead": figures.get("overhead"), "makespan_s": figures.get("makespan"),
+                "makespan_over_lower_bound": figures.get("makespan_over_lower_bound"),
+                "peak_bytes": figures.get("peak_bytes"), "fails_at_op": None, "fails_at": None,
+                "fails_short_bytes": None}
+    where = figures.get("infeasible") or {}
+    op = where.get("op")
+    short = (int(where["needed"]) - int(where["available"])
+             if where.get("needed") is not None and where.get("available") is not None else None)
+    return {"feasible": False, "overhead": None, "makespan_s": None, "makespan_over_lower_bound": None,
+            "peak_bytes": None, "fails_at_op": None if op is None else int(op),
+            "fails_at": None if op is None else trace.op_label(int(op)), "fails_short_bytes": short}
+
+
+def percent(fraction: float) -> str:
+    """``fraction`` as a percentage with one decimal, never ``-0.0%`` (a round-off below zero reads as 0)."""
+    text = f"{100 * fraction:.1f}"
+    return ("0.0" if text == "-0.0" else text) + "%"
 
 
 def add_ceilings(rows: list[dict[str, Any]]) -> None:
@@ -132,14 +160,17 @@ def add_ceilings(rows: list[dict[str, Any]]) -> None:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """One table per trace: a row per limit, a column per planner, cells 'overhead (makespan/LB)'."""
+    """One table per trace: a row per limit, a column per planner, cells 'overhead (distance to the ceiling)',
+    or for an infeasible plan where it fails ('fails at #op, N short')."""
+    from ..trace import format_bytes
+
     out = io.StringIO()
     planners = list(dict.fromkeys(r["planner"] for r in rows))
     for trace in dict.fromkeys(r["trace"] for r in rows):
         sub = [r for r in rows if r["trace"] == trace]
         out.write(f"\n**{sub[0]['model'] or trace}** — overhead (distance to the ceiling: makespan / ceiling - 1); "
-                  "`-` infeasible; best feasible in bold; ceiling: the optimum, else the certified bound "
-                  "of `optimal`, else the lower bound\n\n")
+                  "an infeasible plan: the op where it fails and the bytes it lacks there; best feasible in bold; "
+                  "ceiling: the optimum, else the certified bound of `optimal`, else the lower bound\n\n")
         out.write("| limit | ceiling | " + " | ".join(planners) + " |\n|---|---|" + "---|" * len(planners) + "\n")
         for lim in dict.fromkeys(r["limit"] for r in sub):
             cells = {r["planner"]: r for r in sub if r["limit"] == lim}
@@ -148,18 +179,51 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             text = []
             for pl in planners:
                 r = cells.get(pl)
-                if r is None or not r["feasible"]:
-                    text.append("-")
+                if r is None:
+                    text.append("")
                     continue
-                s = f"{100 * r['overhead']:.1f}% ({100 * r['distance_to_ceiling']:.1f}%)"
+                if not r["feasible"]:
+                    where = f"#{r['fails_at_op']}" if r.get("fails_at_op") is not None else "an unknown op"
+                    short = (f", {format_bytes(r['fails_short_bytes'])} short"
+                             if r.get("fails_short_bytes") is not None else "")
+                    text.append(("not applicable: " if r.get("not_applicable") else "") + f"fails at {where}{short}")
+                    continue
+                distance = r["distance_to_ceiling"]
+                s = percent(r["overhead"]) + (f" ({percent(distance)})" if distance is not None else "")
                 text.append(f"**{s}**" if best is not None and r["overhead"] <= best + 1e-12 else s)
             first = next(iter(cells.values()))
             gib = first["limit_bytes"] / 2**30
-            T = first["makespan_s"] / (1 + first["overhead"]) if first["feasible"] and first["overhead"] is not None \
-                else None
-            ceiling = (f"{100 * (first['ceiling_s'] / T - 1):.1f}% ({first['ceiling']})" if T else first["ceiling"])
+            T = first.get("compute_time_s")
+            ceiling = f"{percent(first['ceiling_s'] / T - 1)} ({first['ceiling']})" if T else first["ceiling"]
             out.write(f"| {lim} ({gib:.2f} GiB) | {ceiling} | " + " | ".join(text) + " |\n")
+        why = {r["planner"]: r["not_applicable"] for r in sub if r.get("not_applicable")}
+        for pl, message in why.items():  # a method that does not apply to this network says why, once
+            out.write(f"\n`{pl}` is {message}.\n")
     return out.getvalue()
+
+
+#: Plot styles: ten colours, nine markers (coprime counts, so colour and marker together differ for the
+#: first 90 planners) and, beyond ten, another line style.
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+           "tab:olive", "tab:cyan")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def planner_styles(planners: list[str]) -> dict[str, dict[str, Any]]:
+    """One distinct line style per planner (colour, marker, line style), the same in every comparison:
+    a planner of the registry keeps the style of its place there, any other comes after them."""
+    from dqn_swap.agents import PLANNER_NAMES
+
+    order = list(PLANNER_NAMES) + [p for p in planners if p not in PLANNER_NAMES]
+    styles = {}
+    for pl in planners:
+        i = order.index(pl)
+        learned = pl.startswith("dqn")  # the learned planners stand out
+        styles[pl] = {"color": COLOURS[i % len(COLOURS)], "marker": MARKERS[i % len(MARKERS)],
+                      "linestyle": LINESTYLES[(i // len(COLOURS)) % len(LINESTYLES)],
+                      "linewidth": 2.6 if learned else 1.2, "zorder": 3 if learned else 2}
+    return styles
 
 
 def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> list[Path]:
@@ -168,6 +232,7 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
     plt = _pyplot()
     traces = list(dict.fromkeys(r["trace"] for r in rows))
     planners = list(dict.fromkeys(r["planner"] for r in rows))
+    styles = planner_styles(planners)
     paths = []
     for kind in ("overhead", "makespan_lb"):
         fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
@@ -183,9 +248,7 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
                     xs = [r["limit_bytes"] / 2**30 for r in pts]
                     ys = [1 + r["distance_to_ceiling"] for r in pts]
                 order = sorted(range(len(xs)), key=xs.__getitem__)
-                learned = pl.startswith("dqn")  # the learned planners stand out
-                ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", label=pl,
-                        linewidth=2.6 if learned else 1.2, zorder=3 if learned else 2)
+                ax.plot([xs[i] for i in order], [ys[i] for i in order], label=pl, **styles[pl])
             ys_all = [(100 * r["overhead"] if kind == "overhead" else 1 + r["distance_to_ceiling"])
                       for r in rows if r["trace"] == trace and r["feasible"]]
             if ys_all and max(ys_all) > 20 * max(min(ys_all), 1.0):  # one outlier would flatten the rest
@@ -197,7 +260,16 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
             else:
                 ax.set_xlabel("memory limit (GiB)")
                 ax.set_ylabel("makespan / ceiling (certified bound or lower bound)")
-        axes[0][0].legend(fontsize=7)
+        # one legend for every panel, outside the axes (right of the last one), so it hides no curve
+        handles: dict[str, Any] = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, handle)
+        if handles:
+            ordered = [pl for pl in planners if pl in handles]
+            fig.legend([handles[pl] for pl in ordered], ordered, loc="center left", bbox_to_anchor=(1.0, 0.5),
+                       fontsize=7, title="planner")
+            fig.tight_layout()
         path = check_output(folder / f"{kind}.png", force)
         paths.append(save(fig, path))
     return paths

@@ -182,12 +182,12 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
     (profiling slows a step down; ``save_on_cpu`` is not measured there, its
     "host" is the same memory).
     """
-    from ..models import build_workload
+    from .record_cmd import load_workload
 
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    w = build_workload(model_name, batch_size, device, seed=seed)
+    w = load_workload(model_name, batch_size, device, seed)
     if w.loss_fn is None or w.make_optimizer is None:
         raise ValueError(f"{model_name} has no backward pass to plan")
     model, inputs, loss_fn = w.model, w.example_inputs, w.loss_fn
@@ -284,12 +284,12 @@ def _profile(profile: str | DeviceProfile | None, device: torch.device) -> Devic
 def record(model_name: str, batch_size: int, device: torch.device, profile: DeviceProfile,
            seed: int = 0) -> Trace:
     """Record the workload's trace on ``device`` (a separate model instance: weights are not shared)."""
-    from ..models import build_workload
     from ..recorder import record_trace
+    from .record_cmd import load_workload
 
-    w = build_workload(model_name, batch_size, device, seed=seed)
+    w = load_workload(model_name, batch_size, device, seed)
     trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device, profile=profile,
-                         meta={"model": model_name, "batch_size": batch_size})
+                         meta={"model": model_name, "batch_size": batch_size, "seed": seed})
     del w
     gc.collect()
     if device.type == "cuda":
@@ -303,11 +303,13 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
                          methods: tuple[str, ...] | list[str] = METHODS, warmup: int = 1, seed: int = 0,
                          expandable_segments: bool = True, plan: Plan | None = None, trace: Trace | None = None,
                          budget: LimitSpec | None = None, max_batch_methods: tuple[str, ...] | list[str] = (),
-                         agent: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                         agent: str | None = None, progress: Callable[[str], None] | None = None,
+                         plan_source: str = "plan") -> dict[str, Any]:
     """Record, plan and train ``model_name`` with the runtime; compare with the other methods.
 
     Args:
-        model_name, batch_size: the workload (:func:`dqn_swap.models.build_workload`).
+        model_name, batch_size: the workload: a name of :func:`dqn_swap.models.build_workload` (the zoo,
+            ``hf:NAME``, ``gen:FAMILY:SEED``) or ``package.module:function`` (as ``dqn-swap record``).
         memory_limit: any form of :mod:`dqn_swap.limits`: bytes, a size ("8GiB"), a percentage
             ("50%": halfway from the recorded trace's minimum memory, 0%, to its unplanned peak,
             100%), or a multiple of the unplanned peak ("0.5x": the peak measured by the unplanned
@@ -319,7 +321,10 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
         profile: device profile for planning; default measured on CUDA.
         methods: which of :data:`METHODS` to run.
         expandable_segments: turn on the CUDA allocator's expandable segments (default).
-        plan, trace: use these instead of recording and planning.
+        plan, trace: use these instead of recording and planning.  A ``plan`` without its ``trace``
+            must have been made for the trace recorded here (the same model, batch size, seed and
+            profile, recorded on this device); :class:`~dqn_swap.plan.PlanError` otherwise, before
+            any training.  ``plan_source`` names the plan in that message (its file).
         budget: with ``max_batch_methods``, the memory budget of the largest-batch search
             (same forms as ``memory_limit``; default ``memory_limit``).
         agent: the DQN checkpoint of the ``dqn`` / ``dqn-search`` planners (default: the shipped one).
@@ -342,6 +347,8 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
     if trace is None:
         say(f"recording {model_name} at batch {batch_size} on {dev}")
         trace = record(model_name, batch_size, dev, prof, seed)
+    if plan is not None:
+        plan.check_trace(trace, plan_source)
     report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
                        "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes}
     results: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""``dqn-swap run``: record, plan and really train a zoo network under a memory limit."""
+"""``dqn-swap run``: record, plan (or take a saved plan) and really train a network under a memory limit."""
 
 from __future__ import annotations
 
@@ -7,12 +7,18 @@ import json
 import sys
 
 from ..files import write_text
-from .common import MAX_SEED, MAX_STEPS, batch_size, check_host_memory, whole
+from .common import MAX_SEED, MAX_STEPS, batch_size, check_host_memory, load_trace, whole
 
 # The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
 # --help does not import torch (a test checks they agree).
 METHOD_NAMES = ("unplanned", "planned", "checkpoint", "save_on_cpu")
 RUNTIME_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
+
+#: What ``--model`` accepts besides the zoo, as ``dqn-swap record`` (:func:`.record_cmd.load_workload`).
+MODEL_FORMS = ("hf:NAME, a Hugging Face architecture (hf:gpt2, hf:llama, hf:bert, hf:vit) or hf:PATH/config.json; "
+               "gen:FAMILY:SEED, a network drawn from a family of dqn_swap.models.generator (gen:mlp_mixer:3); or "
+               "your own, as 'package.module:function' where function(batch_size, device) returns a "
+               "dqn_swap.models.Workload")
 
 RUN_LIMIT_HELP = ("GPU memory limit for the plan: a percentage, as everywhere in dqn-swap (0%% is the least "
                   "memory any plan needs for the recorded trace, 100%% its unplanned peak); a multiple of "
@@ -27,8 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "run", help="train a network for real following a plan, beside the alternatives",
-        description="Record one iteration of a zoo network on the device, plan swapping and "
-                    "recomputation for the memory limit, then train a few steps following the plan "
+        description="Record one iteration of a network on the device, plan swapping and "
+                    "recomputation for the memory limit (or take a saved plan made for that trace, --plan), "
+                    "then train a few steps following the plan "
                     "and measure step time, throughput and peak memory beside unplanned training, "
                     "full activation checkpointing and torch's save_on_cpu, with the simulator's "
                     "prediction for the plan. Optionally find the largest batch that trains under a "
@@ -36,13 +43,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "the limit and the plan's prediction.",
         epilog="Examples: dqn-swap run --model resnet50 --batch-size 256 --memory-limit 50% --planner dqn "
                "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.5x --planner greedy "
-               "--max-batch planned,checkpoint (0.5x: half the unplanned peak)")
-    p.add_argument("--model", required=True, help=f"a zoo network: {', '.join(MODEL_NAMES)}")
+               "--max-batch planned,checkpoint (0.5x: half the unplanned peak); a saved plan: "
+               "dqn-swap record --model mlp_tiny --batch-size 4 --device cpu -o m.trace, "
+               "dqn-swap plan m.trace -m 50% -o plan.json, then "
+               "dqn-swap run --model mlp_tiny --batch-size 4 --device cpu --plan plan.json")
+    p.add_argument("--model", required=True, help=f"a zoo network ({', '.join(MODEL_NAMES)}); {MODEL_FORMS}")
     p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
-    p.add_argument("--memory-limit", "-m", required=True, help=RUN_LIMIT_HELP)
-    p.add_argument("--planner", default="dqn",
+    p.add_argument("--memory-limit", "-m", help=RUN_LIMIT_HELP + " (required unless --plan gives it)")
+    p.add_argument("--planner",
                    help=f"who plans: {', '.join(PLANNER_NAMES)}, or the runtime's own "
                         f"{', '.join(RUNTIME_PLANNERS)} (default dqn, the shipped agent)")
+    p.add_argument("--plan", metavar="FILE",
+                   help="follow this saved plan (dqn-swap plan) instead of planning: it must have been made "
+                        "for the trace run records, that is one recorded by dqn-swap record with the same "
+                        "--model, --batch-size, --seed and --profile on this --device (on the CPU op "
+                        "times come from the profile; on CUDA they are measured anew, so pass the plan's "
+                        "trace with --trace); a plan for another trace is refused before any training. "
+                        "The limit and the device profile are the plan's")
+    p.add_argument("--trace", metavar="FILE",
+                   help="with --plan: the trace the plan was made for, used instead of recording one "
+                        "(its model and batch size, where it records them, must be --model and --batch-size)")
     p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search (default: checkpoints/default.pt)")
     p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), default=10, help="measured training steps per method, after one "
                                                          "warm-up step (default 10)")
@@ -84,39 +104,72 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
+    if args.plan is None:
+        if args.trace is not None:
+            raise ValueError("--trace goes with --plan: it names the trace a saved plan was made for")
+        if args.memory_limit is None:
+            raise ValueError("--memory-limit is required (or --plan FILE, a saved plan with its own limit)")
+        args.planner = args.planner or "dqn"
+    else:
+        for option, value in (("--memory-limit", args.memory_limit), ("--planner", args.planner),
+                              ("--agent", args.agent), ("--max-batch", args.max_batch or None)):
+            if value is not None:
+                raise ValueError(f"{option} does not go with --plan: the saved plan brings its own limit and "
+                                 "planner (re-plan with dqn-swap plan to change them)")
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, not {args.steps}")
     run_methods = methods(args.methods, "--methods")
     if not run_methods:
         raise ValueError("--methods is empty; choose from " + ", ".join(METHOD_NAMES))
     max_batch = methods(args.max_batch, "--max-batch")
+    plan = trace = None
+    if args.plan is not None:
+        from ..plan import Plan
+
+        plan = Plan.load(args.plan)
+        on_cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
+        if args.profile is None and not on_cuda and plan.profile in PROFILES:
+            args.profile = plan.profile  # the profile the plan's trace was recorded with
+        if args.trace is not None:
+            trace = load_trace(args.trace)
+            for key, value in (("model", args.model), ("batch_size", args.batch_size)):
+                if trace.meta.get(key) is not None and trace.meta[key] != value:
+                    raise ValueError(f"{args.trace}: a trace of {key.replace('_', ' ')} {trace.meta[key]}, not "
+                                     f"{value} (--{key.replace('_', '-')})")
+            plan.check_trace(trace, args.plan)
+        elif on_cuda:
+            raise ValueError(f"--plan {args.plan} on CUDA needs --trace FILE, the trace it was made for: a "
+                             "recording on CUDA measures op times anew, so it never matches the plan's trace")
+        args.memory_limit = plan.memory_limit
     MemoryLimit.parse(args.memory_limit)  # syntax errors now, not after recording and training
     if args.budget is not None:
         MemoryLimit.parse(args.budget)
     if args.profile is not None and args.profile != "measured" and args.profile not in PROFILES:
         raise ValueError(f"unknown device profile {args.profile!r}; choose one of: measured, {', '.join(PROFILES)}")
-    from ..models import MODEL_NAMES
-
-    if args.model not in MODEL_NAMES and not args.model.startswith("hf:"):
-        raise ValueError(f"unknown model {args.model!r}; valid names: {', '.join(MODEL_NAMES)}")
     from ..plots import check_output
 
     out = check_output(args.output, args.force) if args.output else None
-    get_run_planner(args.planner, args.agent)  # unknown names and unreadable checkpoints fail now
+    if plan is None:
+        get_run_planner(args.planner, args.agent)  # unknown names and unreadable checkpoints fail now
 
     def say(message: str) -> None:
         if not args.quiet:
             print(f"[run] {message}", file=sys.stderr, flush=True)
 
     if args.device == "cpu":
-        from ..models import build_workload
+        from .record_cmd import load_workload
 
-        check_host_memory(lambda device: build_workload(args.model, args.batch_size, device, seed=args.seed),
+        check_host_memory(lambda device: load_workload(args.model, args.batch_size, device, args.seed),
                           args.model, args.batch_size)
-    report = run_planned_training(args.model, args.batch_size, args.memory_limit, args.planner, args.steps,
+    report = run_planned_training(args.model, args.batch_size, args.memory_limit,
+                                  plan.planner if plan is not None else args.planner, args.steps,
                                   args.device, profile=args.profile, methods=run_methods, seed=args.seed,
                                   expandable_segments=not args.no_expandable_segments, budget=args.budget,
-                                  max_batch_methods=max_batch, agent=args.agent, progress=say)
+                                  max_batch_methods=max_batch, agent=args.agent, progress=say, plan=plan,
+                                  trace=trace, plan_source=f"{args.plan} (against the trace run recorded: "
+                                  f"{args.model} at batch size {args.batch_size}, seed {args.seed})")
+    if plan is not None:
+        report["plan"]["file"] = args.plan
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text(out, json.dumps(report, indent=1, default=str) + "\n", overwrite=True)

@@ -144,7 +144,9 @@ def explain_infeasible(trace, plan, infeasible) -> None:  # noqa: ANN001
     the trace's minimum memory, why (``Plan.settings["limitation"]``)."""
     if infeasible is not None:
         print(f"infeasible: {infeasible.message(trace)}")
-    if plan.settings.get("limitation"):
+    if plan.settings.get("not_applicable"):
+        print(f"{plan.planner} is {plan.settings['not_applicable']}")
+    elif plan.settings.get("limitation"):
         print(f"{plan.planner} cannot plan down to the minimum ({human('bytes', trace.minimum_memory)}): "
               f"{plan.settings['limitation']}")
 

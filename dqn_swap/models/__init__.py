@@ -10,18 +10,15 @@ from typing import Any
 from .names import HF_NAMES, MODEL_NAMES, split_model_spec
 
 
-def build_workload(*args: Any, **kwargs: Any) -> Any:
-    """Build a workload; see :func:`dqn_swap.models.registry.build_workload`."""
-    from .registry import build_workload as build
-
-    return build(*args, **kwargs)
-
-
 def __getattr__(name: str) -> Any:
-    if name == "Workload":
-        from .registry import Workload
+    # build_workload and Workload load torch and the networks: imported on first use, the real
+    # objects (help() and inspect.signature show build_workload's own signature)
+    if name in ("build_workload", "Workload"):
+        from . import registry
 
-        return Workload
+        value = getattr(registry, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'dqn_swap.models' has no attribute {name!r}")
 
 

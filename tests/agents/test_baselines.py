@@ -314,3 +314,30 @@ def test_lru_recomputes_cheap_layers_and_swaps_expensive_ones() -> None:
         assert (a.kind == ActionKind.RECOMPUTE) == (producer == "aten.relu")
     swap_only = get_planner("lru", mode="swap").plan(trace, between(trace, 0.3), PROFILE)
     assert swap_only.n_recompute == 0
+
+
+def test_checkpoint_says_it_is_not_applicable_to_a_recurrence(tiny_resnet_trace: Trace) -> None:
+    """An unrolled LSTM has almost no splitting point: checkpoint returns the empty plan and says why,
+    instead of a 'feasible' plan that re-creates the whole recurrence one op at a time per read."""
+    import torch
+
+    from dqn_swap.models.rnn import CharLSTM
+    from dqn_swap.recorder import record_trace
+
+    torch.manual_seed(0)
+    model = CharLSTM(vocab=11, hidden=16, layers=2)
+    tokens = torch.randint(0, 11, (2, 12))
+    trace = record_trace(model, tokens, lambda out: out.sum(), lambda p: torch.optim.SGD(p, lr=0.1), device="meta")
+    ops, _, split = layers(TraceFacts(trace))
+    assert int(split.sum()) < math.ceil(math.sqrt(len(ops))) - 1  # the recurrence is one segment
+    planner = get_planner("checkpoint")
+    tight = planner.plan(trace, between(trace, 0.5), PROFILE)
+    assert tight.actions == () and not tight.figures["feasible"]
+    assert tight.settings["limitation"].startswith("not applicable: the forward graph has")
+    assert tight.settings["limitation"] == tight.settings["not_applicable"]
+    loose = planner.plan(trace, trace.peak_bytes, PROFILE)  # nothing to plan: the empty plan fits
+    assert loose.actions == () and loose.figures["feasible"] and loose.figures["overhead"] == 0.0
+    assert "limitation" not in loose.settings
+    # A network with splitting points is still checkpointed.
+    resnet = planner.plan(tiny_resnet_trace, between(tiny_resnet_trace, 0.5), PROFILE)
+    assert "not_applicable" not in resnet.settings and resnet.n_recompute > 0
