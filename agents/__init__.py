@@ -33,7 +33,8 @@ def get_planner(name: str, *, agent: str | None = None, **settings: Any):  # noq
     if name == OPTIMAL_NAME:
         from .optimal import OptimalPlanner
 
-        return OptimalPlanner(**settings)
+        # the agent is the one the ``dqn`` incumbents plan with
+        return OptimalPlanner(**({"agent": agent} if agent is not None else {}), **settings)
     raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(PLANNER_NAMES)}")
 
 

@@ -15,17 +15,40 @@ rounds of row generation:
    whose re-runs ran out of memory get the re-run rows), the plan is cut off,
    and the next round solves again.
 
+Where the replay disagrees with the program (charges more), the checkpoints
+added are the ops over the limit where the replay needed memory that the
+program did not enforce: where memory ran out or the replay stalled, and the
+ops during which the admission rule held a swapped tensor away (from its
+action to the op its copy back started in), where the program let it come
+back (a copy back that starts later than the program assumed delays it and
+every copy queued behind it).  A round that finds no such op cuts its plan off,
+which is progress too: the program is a relaxation of the simulator
+(:mod:`.program`), so the cut removes one plan and the bound can only rise
+(on the 5,000 enumerated traces of ``benchmarks/bench_bound.py`` rounds of cuts
+reach the optimum).  The rounds end at ``rounds``, at the time limit, or after
+``cut_only_rounds`` cut-only rounds in a row where that is set (default: no
+such limit), and ``stopped`` says which.
+
 Every round's dual bound is a lower bound on every plan's simulated makespan
 (a program with fewer checkpoints is a relaxation of one with more, and each is
 a relaxation of the simulator: :mod:`.program`), so the certified bound is the
-largest of them and of :func:`dqn_swap.lower_bound.lower_bound`.  The plan
-returned is the best simulated one among the rounds and the ``incumbents``
-(cheap baselines whose plans seed the comparison, so that a solve cut short
-by its time limit never returns worse than they do).
+largest of them and of :func:`dqn_swap.lower_bound.lower_bound`.
+
+The ``incumbents`` -- every baseline and ``dqn``'s single pass by default,
+``dqn-search`` where asked for -- plan first.  Their plans seed every round
+(HiGHS's starting solutions, the fastest simulated first, :mod:`.solver`) and
+compete with the rounds' plans by simulated makespan, so ``optimal`` never
+returns a plan slower than any of them, however short its time limit.
 
 ``Plan.settings`` carries ``certified_bound`` (seconds), ``certified_gap``
 (makespan over that bound, minus one), ``proved_optimal``, ``bound_source``,
-``solve_seconds``, ``rounds`` and the last program's size.
+``plan_from`` (who made the plan returned: ``program``, an incumbent's name,
+or ``none``), ``started_from`` and ``started_makespan`` (the best incumbent, where
+the solve started), ``incumbents`` (each one's simulated makespan, ``None``
+where its plan does not fit), ``solve_seconds`` (wall clock),
+``solve_cpu_seconds`` (the CPU time the rounds received: on a busy machine far
+below the wall clock), ``incumbents_cpu_seconds``, ``stopped``, ``rounds`` and
+the last program's size.
 """
 
 from __future__ import annotations
@@ -46,19 +69,33 @@ from .solver import Progress, solve
 #: gaps at or below this count as proved optimal (the solver's own feasibility tolerance is ~1e-7)
 OPTIMAL_GAP = 1e-6
 
+#: Most ops a round where the replay held a tensor away (:meth:`OptimalPlanner._new_checkpoints`).
+HELD_PER_ROUND = 2
+
+#: The planners whose plans seed the solve by default: every baseline and the agent's single pass
+#: (``dqn-search``, whose local search costs more, only where asked for).
+DEFAULT_INCUMBENTS = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub", "dqn")
+
 
 class OptimalPlanner(BasePlanner):
     """Joint keep / swap / recompute by mixed-integer programming (HiGHS); see the module docstring.
 
     Settings:
-        time_limit: seconds for the whole solve (all rounds); the bound found by then stands.
-        round_time_limit: seconds a round may take before the last (default: a quarter of
+        time_limit: CPU seconds for the whole solve (all rounds; the process's CPU time, HiGHS's
+            threads included, :mod:`.solver`); the bound found by then stands.  The incumbents'
+            planning is not counted (``incumbents_cpu_seconds`` reports it).
+        wall_limit: wall-clock seconds for the whole solve (default: none).
+        round_time_limit: CPU seconds a round may take before the last (default: a quarter of
             ``time_limit``, at least ``min(time_limit, 120)``).
         gap: HiGHS's relative optimality tolerance per round.
         checkpoints: critical ops enforced in the first round, and most added a round.
         rounds: most rounds of row generation.
+        cut_only_rounds: stop after this many rounds in a row that only cut a plan off (``None``,
+            the default: cuts are progress, the rounds go on to ``rounds`` or the time limit).
         chain_depth, fifo: see :class:`~.program.SwapProgram`.
-        incumbents: baselines whose plans compete with the program's.
+        incumbents: planners whose plans seed the solve and compete with the program's (any of
+            the baselines, ``dqn`` and ``dqn-search``; default :data:`DEFAULT_INCUMBENTS`).
+        agent: the DQN checkpoint of the ``dqn`` incumbents (default: the shipped one).
         progress: write a live line (round, incumbent, bound, gap) to standard error.
     """
 
@@ -66,8 +103,32 @@ class OptimalPlanner(BasePlanner):
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        return {"time_limit": 600.0, "gap": 1e-4, "checkpoints": 10, "rounds": 30, "chain_depth": 3,
-                "fifo": True, "incumbents": ("tflms", "window", "lru"), "progress": False, "round_time_limit": None}
+        return {"time_limit": 600.0, "wall_limit": None, "gap": 1e-4, "checkpoints": 10, "rounds": 30,
+                "chain_depth": 3, "fifo": True, "incumbents": DEFAULT_INCUMBENTS, "agent": None,
+                "progress": False, "round_time_limit": None, "cut_only_rounds": None}
+
+    def _incumbents(self, evaluator: Evaluator) -> list[dict[str, Any]]:
+        """Every planner of ``incumbents`` on this trace and limit: its name, actions and simulated
+        makespan (``None`` where its plan does not fit or it cannot plan: then ``error``)."""
+        from dqn_swap.agents import DQN_NAMES, get_planner
+
+        out = []
+        for name in self.settings["incumbents"]:
+            c0 = time.process_time()
+            row: dict[str, Any] = {"name": name, "actions": (), "makespan": None}
+            try:
+                planner = (get_planner(name, agent=self.settings["agent"], threads=1) if name in DQN_NAMES
+                           else get_planner(name))
+                plan = planner.plan(evaluator.trace, evaluator.memory_limit, evaluator.profile)
+            except Exception as e:  # noqa: BLE001 -- one planner that cannot plan this case is recorded, not fatal
+                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            else:
+                r = evaluator.run(plan.actions)
+                row["actions"] = tuple(plan.actions)
+                row["makespan"] = float(r.makespan) if r.feasible else None
+            row["cpu_seconds"] = round(time.process_time() - c0, 3)
+            out.append(row)
+        return out
 
     def choose(self, facts: TraceFacts, evaluator: Evaluator) -> tuple[ActionSet, dict[str, Any]]:
         s = self.settings
@@ -75,52 +136,63 @@ class OptimalPlanner(BasePlanner):
         T = sim.compute_time
         limit = sim.memory_limit
         t_start = time.perf_counter()
-        deadline = t_start + float(s["time_limit"])
         bound, source = float(sim.lower_bound), "lower bound"
         best: ActionSet = ()
         unplanned = evaluator.run(())
         best_ms = float(unplanned.makespan) if unplanned.feasible else math.inf
-
-        # The incumbents: cheap baselines' plans.
-        from dqn_swap.agents.baselines import get_planner
-
         incumbent_from = "none" if math.isfinite(best_ms) else None
-        for name in s["incumbents"]:
-            plan = get_planner(name).plan(evaluator.trace, limit, evaluator.profile)
-            r = evaluator.run(plan.actions)
-            if r.feasible and r.makespan < best_ms:
-                best, best_ms, incumbent_from = plan.actions, float(r.makespan), name
+
+        # The incumbents: the cheap planners' plans; the best is where the solve starts from.
+        incumbents = self._incumbents(evaluator) if bound < best_ms else []
+        for row in sorted(incumbents, key=lambda r: math.inf if r["makespan"] is None else r["makespan"]):
+            if row["makespan"] is not None and row["makespan"] < best_ms:
+                best, best_ms, incumbent_from = row["actions"], row["makespan"], row["name"]
+        started_from = incumbent_from
+        started_ms = best_ms
+        # feasible incumbents, fastest first: HiGHS's starting solutions
+        seeds = [r["actions"] for r in sorted((r for r in incumbents if r["makespan"] is not None),
+                                              key=lambda r: r["makespan"])]
 
         cands = candidates(sim)
         over = np.flatnonzero(sim.op_memory > limit)
         found: dict[str, Any] = {"candidates": len(cands)}
         rounds: list[dict[str, Any]] = []
         program_infeasible = False
+        stopped = None
+        c_start = time.process_time()
+        cpu_limit = float(s["time_limit"])
+        wall_deadline = t_start + float(s["wall_limit"]) if s["wall_limit"] is not None else math.inf
         if len(over) and bound < best_ms * (1 - OPTIMAL_GAP):
             ks = set(critical_ops(sim, cands)[: int(s["checkpoints"])]) | {int(over[0]), int(over[-1])}
             reruns: set[int] = set()
             tried: list[ActionSet] = []  # replayed plans, cut off from later rounds
+            tried_keys: set[ActionSet] = set()
             tried_best = math.inf  # the least simulated makespan among them
             # A round may take a quarter of the time limit (but at least two minutes: below that a
             # ResNet-50 round finds no plan of its own), so that a plan the simulator charges more
             # than the program leaves time for the rounds that correct it; once the simulator agrees,
             # the last round gets all the time left.
-            limit_s = float(s["time_limit"])
-            round_cap = float(s["round_time_limit"] or max(limit_s / 4, min(limit_s, 120.0)))
+            round_cap = float(s["round_time_limit"] or max(cpu_limit / 4, min(cpu_limit, 120.0)))
             last = False
+            cut_only = 0
             for rnd in range(int(s["rounds"])):
-                left = deadline - time.perf_counter()
-                if left <= 0.5:
+                left = cpu_limit - (time.process_time() - c_start)
+                wall_left = wall_deadline - time.perf_counter()
+                if left <= 0.5 or wall_left <= 0.5:
+                    stopped = "time limit"
                     break
                 budget = left if last or rnd == int(s["rounds"]) - 1 else min(left, round_cap)
                 prog = SwapProgram(sim, cands, ks, rerun_points=reruns, exclude=tried,
                                    chain_depth=int(s["chain_depth"]), fifo=bool(s["fifo"]))
                 show = self._progress_line(rnd, prog, T, best_ms) if s["progress"] else None
-                out = solve(prog, time_limit=budget, gap=float(s["gap"]), on_progress=show)
+                starts = [a for a in ([best] if best else []) + seeds if a not in tried_keys]
+                out = solve(prog, time_limit=budget, gap=float(s["gap"]), on_progress=show, starts=starts,
+                            wall_limit=wall_left if math.isfinite(wall_left) else None)
                 if show is not None:
                     sys.stderr.write("\n")
                 row: dict[str, Any] = {"checkpoints": len(ks), "rerun_points": len(reruns), "cuts": len(tried),
                                        "status": out.status, "seconds": round(out.seconds, 3),
+                                       "cpu_seconds": round(out.cpu_seconds, 3), "starts": out.starts_given,
                                        "size": vars(prog.size)}
                 rounds.append(row)
                 if out.status == 2:
@@ -139,6 +211,7 @@ class OptimalPlanner(BasePlanner):
                         bound, source = b, "program"
                 if out.x is None:  # no plan yet: the round ran out of time
                     if last:
+                        stopped = "time limit"
                         break
                     last = True
                     continue
@@ -158,14 +231,30 @@ class OptimalPlanner(BasePlanner):
                         break
                     last = True
                     continue
-                # Disagreement: where memory ran out or the replay stalled, enforce memory from now on;
-                # and cut this plan off (its cost is known).
-                # at most `checkpoints` more a round, the busiest first: the program grows with each
-                new = sorted(self._new_checkpoints(sim, res) - ks, key=lambda k: -int(sim.op_memory[k]))
-                ks |= set(new[: int(s["checkpoints"])])
-                reruns |= self._new_rerun_points(sim, acts, res)
+                # Disagreement: the ops where the replay needed memory the program did not enforce
+                # (ran out, stalled, needs more than the limit, or held a tensor away that the program
+                # let come back) become checkpoints, at most `checkpoints` a round, the busiest first
+                # (the program grows with each); and this plan is cut off (its cost is known).
+                new = sorted(self._new_checkpoints(sim, acts, res, ks) - ks, key=lambda k: -int(sim.op_memory[k]))
+                new = new[: int(s["checkpoints"])]
+                new_reruns = self._new_rerun_points(sim, acts, res) - reruns
+                ks |= set(new)
+                reruns |= new_reruns
                 tried.append(acts)
+                tried_keys.add(tuple(acts))
                 tried_best = min(tried_best, sim_ms)
+                row.update(added_checkpoints=len(new), added_rerun_points=len(new_reruns))
+                if new or new_reruns:
+                    cut_only = 0
+                    continue
+                cut_only += 1
+                if s["cut_only_rounds"] is not None and cut_only >= int(s["cut_only_rounds"]):
+                    stopped = (f"{cut_only} rounds in a row cut off a plan that the simulator charged more than "
+                               "the program and found no op over the limit to enforce: the program and the "
+                               "simulator disagree where memory is not the reason (copy order or timing)")
+                    break
+            else:  # every round ran and none settled it
+                stopped = f"the rounds limit ({int(s['rounds'])}) was reached"
             found["program_size"] = rounds[-1]["size"] if rounds else None
         if program_infeasible:
             found["no_plan_fits"] = "the program proves that no plan keeps every op under the limit"
@@ -173,23 +262,65 @@ class OptimalPlanner(BasePlanner):
         gap = best_ms / bound - 1 if math.isfinite(best_ms) and bound > 0 else math.inf
         found.update(certified_bound=bound, bound_source=source, certified_gap=gap,
                      proved_optimal=bool(gap <= OPTIMAL_GAP), plan_from=incumbent_from,
-                     solve_seconds=round(time.perf_counter() - t_start, 3), rounds=rounds)
+                     started_from=started_from,
+                     started_makespan=started_ms if math.isfinite(started_ms) else None,
+                     incumbents={r["name"]: {k: v for k, v in r.items() if k not in ("name", "actions")}
+                                 for r in incumbents},
+                     stopped=stopped,
+                     solve_seconds=round(time.perf_counter() - t_start, 3),
+                     solve_cpu_seconds=round(time.process_time() - c_start, 3),
+                     incumbents_cpu_seconds=round(sum(r["cpu_seconds"] for r in incumbents), 3),
+                     rounds=rounds)
         return tuple(best), found
 
     @staticmethod
-    def _new_checkpoints(sim: Any, res: Any) -> set[int]:
-        """Ops over the limit where the replay ``res`` ran out of memory, stalled, or needs more
-        than the limit (its ``memory_need``: the plan's memory with instant swap-outs)."""
+    def _new_checkpoints(sim: Any, acts: ActionSet, res: Any, ks: set[int] = frozenset()) -> set[int]:
+        """Ops over the limit where the replay ``res`` of ``acts`` needed memory that the program did not
+        enforce: where it ran out of memory, stalled, or needs more than the limit (its ``memory_need``:
+        the plan's memory with instant swap-outs); and, for each swapped tensor, the ops it was held
+        away during, from the op after its action to the op during which its copy back started (the
+        admission rule keeps it away while an op before its use would not fit with it; the program,
+        where those ops are not checkpoints, lets it come back at once, and its copy back and those
+        queued behind it are then charged too early): a few a round, only where the first kind (minus
+        the checkpoints ``ks`` already enforced) finds none."""
         limit = sim.memory_limit
         over = sim.op_memory > limit
         new = {int(k) for k in np.flatnonzero(res.memory_need > limit)}
         if not res.feasible and res.infeasible is not None:
             new.add(int(res.infeasible.op))
         st = res.op_start
+        stalled: list[int] = []
         if st is not None and len(st) > 1:
             d = sim.trace.op_duration[: len(st) - 1]
-            new.update(int(k) + 1 for k in np.flatnonzero(np.diff(st) - d > 1e-12))
-        return {k for k in new if over[k]}
+            stalled = [int(k) + 1 for k in np.flatnonzero(np.diff(st) - d > 1e-12)]
+            new.update(stalled)
+        direct = {k for k in new if over[k]} - set(ks)
+        if direct:
+            return direct
+        # Nothing over the limit ran out or stalled: the replay is slower because copies came back
+        # later than the program let them.  The first stalled op waited for the tensors due by it
+        # (and the H2D queue is in order of next use): enforce memory where those were held away.
+        schedule = res.schedule
+        if schedule is not None:
+            back_at = {int(t): int(op) for t, op in schedule.prefetch}
+            nxt = sim.event_next_use
+            first_stall = stalled[0] if stalled else len(over)
+            held: set[int] = set()
+            # the tensors due by the first stall; if their ops are all enforced already, every swap
+            for due in (first_stall, len(over)):
+                for a in acts:
+                    if a.kind != ActionKind.SWAP or int(nxt[a.event]) > due:
+                        continue
+                    start = back_at.get(int(a.tensor), int(nxt[a.event]))
+                    first = int(sim.trace.event_op[a.event]) + 1
+                    held.update(int(k) for k in np.flatnonzero(over[first:start + 1]) + first)
+                held -= ks
+                if held:
+                    break
+            # a few a round, the busiest first: these ops are where the plan's tensors were away, not
+            # where memory ran out, and each one grows the program
+            new |= set(sorted(held, key=lambda k: -int(sim.op_memory[k]))[:HELD_PER_ROUND])
+        return {k for k in new if over[k]} - set(ks)
 
     @staticmethod
     def _new_rerun_points(sim: Any, acts: ActionSet, res: Any) -> set[int]:

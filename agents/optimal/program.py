@@ -1,19 +1,25 @@
 r"""The mixed-integer program behind the ``optimal`` planner.
 
-The program is the simulator's model (:mod:`dqn_swap.simulator`) with the
-event-by-event schedule replaced by linear conditions that every schedule the
-simulator can produce satisfies.  Its optimum is therefore a lower bound on the
-simulated makespan of every plan, and the solver's dual bound -- a bound on
-that optimum, valid whenever the solver stops -- is a *certified* lower bound.
-Its solution is a plan, which the planner replays in the simulator (the ruler).
+The program is a *relaxation* of the simulator (:mod:`dqn_swap.simulator`):
+every plan the simulator runs to the end gives a solution of the program -- its
+actions, and times read off the simulated run -- whose objective is that plan's
+simulated makespan ("Why it is a relaxation", below, rule by rule).  So the
+program's optimum is at most the simulated makespan of every plan, and the
+solver's dual bound -- a bound on that optimum, valid whenever the solver stops
+-- is a *certified* lower bound.  Its solution is a plan, which the planner
+replays in the simulator (the ruler).  ``tests/agents/test_optimal_bound.py``
+and ``benchmarks/bench_bound.py`` check this against every plan of small random
+traces.
 
 Candidates
-    Every tensor with a valid action (one event: its last forward use ``a_i``;
-    its next use ``n_i``; ``b_i`` bytes; ``tau_out_i``, ``tau_in_i`` the copy
-    times ``latency + b_i / bandwidth`` of :meth:`DeviceProfile.transfer_time`)
-    whose window ``a_i < k < n_i`` contains an op ``k`` over the limit.
-    Actions outside every over-limit op only cost time, so no optimal plan
-    takes them.
+    Every tensor with a valid action (one event; ``a_i`` the op after which it
+    leaves: its action's op, or later where a holder outside autograd keeps it,
+    :attr:`Trace.leave_op`; its next use ``n_i``; ``b_i`` bytes; ``tau_out_i``,
+    ``tau_in_i`` the copy times ``latency + b_i / bandwidth`` of
+    :meth:`DeviceProfile.transfer_time`) whose window ``a_i < k < n_i``
+    contains an op ``k`` over the limit: the only tensors that can be away at
+    such an op.  A program with cuts gives every tensor with a valid action its
+    variables (see "cuts").
 
 Checkpoints
     ``K``: ops over the limit at which memory is enforced.  An op ``k`` needs
@@ -28,9 +34,10 @@ Variables (binaries ``o_i``, ``r_i``, ``w_ik``; everything else continuous)
     ``o_i``        tensor ``i`` is swapped out after ``a_i``;
     ``r_i``        tensor ``i`` is dropped after ``a_i`` and recomputed before ``n_i``
                    (only where the simulator allows it); ``o_i + r_i <= 1``;
-    ``w_ik``       swapped ``i`` is off the device while checkpoint ``k`` runs:
-                   its copy-out finished before ``k`` started and its copy-back
-                   starts after ``k`` ended; ``w_ik <= o_i``;
+    ``w_ik``       one per *instant* ``T_k`` of checkpoint ``k``: its start ``S_k``
+                   and its end ``G_{k+1}``.  Swapped ``i`` is away then: its copy
+                   out finished by ``T_k`` and its copy back had not started;
+                   ``w_ik <= o_i``;
     ``G_p, S_p``   at time points ``p`` (checkpoints, the op after each, every
                    ``a_i + 1`` and every ``n_i``): when op ``p - 1`` ended and
                    when op ``p`` started (in ms);
@@ -39,7 +46,7 @@ Variables (binaries ``o_i``, ``r_i``, ``w_ik``; everything else continuous)
 
 Objective: minimise ``M``.
 
-Constraints
+Constraints (each at both instants of a checkpoint where it names ``w`` or ``T_k``)
     (memory)   :math:`\sum_{i: a_i<k<n_i} b_i (w_{ik} + r_i) \ge E_k` for ``k`` in ``K``.
     (compute)  :math:`G_{p'} \ge S_p + \sum_{p\le j<p'} d_j` for consecutive points,
                :math:`S_n \ge G_n + \sum_p d_p q_{pn}`: ops run in order and the
@@ -49,63 +56,147 @@ Constraints
                recursively, the producers of its inputs that the trace frees
                before ``n``); and :math:`q_{pn} \ge r_x + r_y - 1` where the
                closure reads a dropped candidate ``y`` still away at ``n``
-               (chains up to depth ``chain_depth``).  These are the
-               simulator's re-run sequences, which also re-run a dropped input.
-    (copy-out) The D2H engine copies one tensor at a time, each released at
-               ``G_{a_i+1}``.  Horn's energy condition for one machine with
-               release times: for every release point ``r`` and checkpoint
-               ``k``, the copies released at or after ``r`` that must finish
-               before ``k`` fit between: :math:`\sum \tau^{out}_i y_{ik} \le
-               S_k - G_r`, where ``y_ik`` is ``o_i`` for ``n_i <= k`` (its copy
-               must be back by then) and, for ``a_i < k < n_i``, whether its
-               copy-out must have finished before ``k``.  The simulator's D2H
-               queue is first in, first out, so ``w_jk = 1`` forces every copy
-               issued before ``j`` (and still relevant at ``k``) to have finished:
-               ``P_jk`` is monotone along the issue order, ``P_jk >= w_jk`` and
-               ``y_ik >= P_ik + o_i - 1``.
-    (copy-in)  The H2D engine: the copy-backs that start after ``k`` ended
-               (``w_ik``, or ``o_i`` if ``a_i >= k``) and are due by ``n_i <= h``
-               fit between: :math:`\sum \tau^{in}_i \le S_h - G_{k+1}`.
+               (chains up to depth ``chain_depth``).
+    (copy-out) Horn's energy condition for one machine with release times: for
+               every release point ``r`` and checkpoint ``k``, the copies out
+               released at or after ``G_r`` that must be finished at ``T_k`` fit
+               between: :math:`\sum \tau^{out}_i y_{ik} \le T_k - G_r`, where
+               ``y_ik`` is ``o_i`` for ``n_i <= k`` (back by then, so copied out)
+               and, for ``a_i < k < n_i``, whether its copy out finished by
+               ``T_k``.  The D2H queue is first in, first out, so ``w_jk = 1``
+               forces every copy requested before ``j`` (and covering ``k``) to
+               have finished: ``P_jk`` is monotone along the request order,
+               ``P_jk >= w_jk`` and ``y_ik >= P_ik + o_i - 1``.
+    (copy-in)  The copies back not started at ``T_k`` (``w_ik``, or ``o_i`` if
+               ``a_i >= k``) and due by ``n_i <= h`` fit between:
+               :math:`\sum \tau^{in}_i \le S_h - T_k`.
     (one copy) :math:`S_{n_i} - G_{a_i+1} \ge (\tau^{out}_i + \tau^{in}_i) o_i`.
     (inputs of re-runs) A swapped ``j`` that a re-run before ``n`` reads (through
                a chain ``C`` of dropped tensors) is back before that re-run and
                stays: with :math:`\chi = o_j + \sum_{z \in C} r_z - |C|`,
                :math:`S_n - G_{a_j+1} \ge (\tau^{out}_j + \tau^{in}_j + d_p)\chi`,
-               :math:`S_n - G_{k+1} \ge (\tau^{in}_j + d_p)(w_{jk} + \ldots)` for
-               checkpoints ``k < n``, and ``w_jk = 0`` for ``k >= n`` when it applies
+               :math:`S_n - T_k \ge (\tau^{in}_j + d_p)(w_{jk} + \ldots)` for
+               checkpoints ``k < n``, and ``w_jk = 0`` for ``k >= n``
                (``d_p``: the shortest re-run that reads it).
     (re-run memory) At the ops ``n`` in ``rerun_points``: while producer ``p`` of a
                dropped ``x`` re-runs, the memory before ``n`` (targets not yet
                back) plus ``p``'s outputs and scratch, its inputs the trace freed,
-               and every dropped input it reads (:math:`b_y (r_x + r_y - 1)`) fit,
-               with binaries ``v_in`` for swapped tensors away during the re-runs.
+               and every dropped input it reads (:math:`b_y (r_x + r_y - 1)`)
+               fit.  Binaries ``v_in <= o_i`` count a swapped ``i`` away when its
+               copy out finished by ``S_n``; one that ``p`` reads counts as
+               present when ``x`` is dropped (``u >= v_jn + r_x - 1``, ``+b_j u``).
+    (shared engine) Without duplex copy engines (one engine for both
+               directions) the copy out and copy back of every swap released
+               after ``k`` and due by ``h`` share ``[G_{k+1}, S_h]``.
     (cuts)     Each plan in ``exclude`` is cut off (a no-good inequality on the
                ``o`` and ``r`` binaries).  The planner excludes plans it has
                already replayed, so ``min(simulated makespan of the excluded,
-               the program's bound)`` stays a valid bound and the rounds can
-               walk past plans that the simulator charges more than the program.
-    Without duplex copy engines (one engine for both directions) the copy-out
-    and copy-back of every swap released after ``k`` and due by ``h`` share
-    ``[G_{k+1}, S_h]``.  The sums over ``r`` (and ``h``) are kept linear in
-    size with cumulative auxiliaries ``Y_rk = Y_{r'k} + \sum_{i released at r}``.
+               the program's bound)`` stays a valid bound.  For that a cut must
+               remove that plan only: with cuts, every tensor with a valid action
+               has its binaries, so two plans that differ anywhere differ in the
+               program (a plan that adds an action outside every checkpoint's
+               window to a cut plan, e.g. dropping the other output of a re-run
+               producer, is a different plan).
+    The sums over ``r`` (and ``h``) are kept linear in size with cumulative
+    auxiliaries ``Y_rk = Y_{r'k} + \sum_{i released at r}``.
 
-What it assumes that the simulator does not (all relaxations, so the bound stays valid):
+Why it is a relaxation
+    Take a plan the simulator runs to the end.  Set ``o_i``, ``r_i`` from its
+    actions (a candidate it does not act on: 0); ``S_p`` and ``G_p`` to when op
+    ``p`` started and op ``p - 1`` ended in the run, ``M`` to the makespan;
+    ``q_pn = 1`` where it re-ran ``p`` before ``n``; ``w_ik`` to whether ``i``
+    was away at ``S_k`` (after ``k``'s allocation) and just before ``G_{k+1}``;
+    ``P``, ``y``, ``v``, ``u`` and the cumulative sums as their rows define them.
+    Every row holds, by the simulator's rules (its module docstring; the model
+    of Beaumont, Eyraud-Dubois and Shilova, "Optimal GPU-CPU offloading
+    strategies for DNN training", section 3.1, and the DQN paper's prefetch and
+    re-run rules, section 4.5):
+
+    1. *Ops run in order on one stream, op k for d_k*; everything else that
+       happens on it (prefetch waits, re-runs, waits for memory) happens
+       between one op's end and the next op's start: (compute) asks only
+       ``G_{p'} - S_p >= sum d`` and ``S_n - G_n >=`` the re-runs' time.
+    2. *Memory is allocated when an op starts* (outputs and scratch) and must
+       fit: at ``S_k`` the trace's memory during ``k`` minus what is away fits,
+       so the bytes away cover ``E_k``.  Only tensors with a valid action can
+       be away; at an op over the limit only candidates (their window holds
+       it); a removed candidate is away from ``a_i + 1`` up to its re-run just
+       before ``n_i`` (re-created inputs of earlier re-runs are transient):
+       (memory) at ``S_k``.
+    3. *A copy back may start at any instant*, also while an op runs (when a
+       copy out completes during it, the head of the queue starts if it fits
+       beside the op's memory and scratch).  Every start is checked, and copy
+       outs completing only release memory, so at every instant of ``k`` the
+       bytes away cover ``E_k``; in particular just before ``G_{k+1}``:
+       (memory) at ``G_{k+1}``.  A tensor can be away at one instant and not
+       the other (its copy out completes, or its copy back starts, while ``k``
+       runs); neither row asks for a tensor away for the whole op, and no row
+       asks a swapped tensor to be away at some checkpoint: a swap that frees
+       nothing at any checkpoint is a plan the simulator runs too.
+       (A program that counted a tensor away at ``k`` only if its copy back
+       started after ``k`` ended, and forbade swaps away at no checkpoint,
+       charged such plans a stall the simulator does not have: a plan that
+       swaps three tensors, the second coming back inside the op over the
+       limit once the third's copy out completes, was charged as if it came
+       back after the op.)
+    4. *Swap-outs are requested when op a_i ends* (a held tensor: when its
+       holder's op ends, hence ``a_i`` is the leave op), *copied one at a time,
+       first in first out, for tau_out*, and release memory when complete: the
+       copies that must be complete at ``T_k`` (away then, or back by ``k``)
+       ran one after another inside ``[G_r, T_k]`` (copy-out); if ``j`` was
+       away at ``T_k`` its copy out and every earlier one were complete
+       (the ``P`` chain, in the simulator's request order: leave op, then
+       event).  A copy out completing exactly at ``G_{k+1}`` is processed
+       after op ``k`` ends, so it is not counted away at ``k``'s end.
+    5. *Copies back run one at a time for tau_in, after the tensor's copy out,
+       and end before its next use starts* (or before the re-run that reads
+       it): the copies not started at ``T_k`` and due by ``h`` ran inside
+       ``[T_k, S_h]`` (copy-in); each swap's two copies lie inside
+       ``[G_{a_i+1}, S_{n_i}]`` (one copy).  A copy back starting at the very
+       instant op ``k`` starts is allocated before ``k``'s outputs: present at
+       ``S_k`` (``w = 0``), nothing asked of it.  *Which tensor comes back
+       first (next use order, the head blocking the queue) and the admission
+       rule* (no prefetch may cause an excess before its use) only delay
+       copies back; the program does not model them.
+    6. *One engine for both directions* (``duplex=False``): the two copies of
+       every swap released after ``k`` and due by ``h`` ran one after another
+       inside ``[G_{k+1}, S_h]`` (shared engine).
+    7. *Re-runs happen just before the next use n of a removed tensor*: the
+       closure of producers, each once, in trace order, including producers
+       of inputs the trace freed before ``n`` and of removed tensors away at
+       ``n``: the producers the program's ``q_pn >= r_x`` (static closure) and
+       chain rows name are among them (chains deeper than ``chain_depth`` and
+       removed non-candidates are not followed: fewer re-runs charged).
+    8. *A re-run waits for its swapped inputs*, which then stay until their
+       trace free: (inputs of re-runs).
+    9. *A re-run's outputs and scratch must fit when it starts*: the rows at
+       ``rerun_points`` count at most what is on the device then: every
+       target of ``n`` as not yet re-created, a swapped tensor copied out by
+       ``S_n`` as away (the ones away during the re-run are among them), one
+       that the re-run of ``p`` reads as present (the simulator waits for it),
+       an input the trace freed or a dropped input that ``p`` reads as
+       re-created, and every tensor without variables whose window reaches
+       ``n`` as away.
+    10. *Actions the program has no variables for* (a tensor whose window
+        holds no checkpoint) only add copies, re-runs and stalls; they cannot
+        be away at an op over the limit.  Leaving them out keeps every row.
+    11. *Cuts* remove only the plans already replayed (see "cuts").
+    Solver tolerances only loosen rows.  Hence the objective of this solution is
+    the simulated makespan, and the optimum is at most it.
+
+What it assumes that the simulator does not (where the bound may be below the optimum):
     * copies are preemptive and ordered freely within the energy conditions
       (the simulator copies back in order of next use, each as one piece);
-    * memory is enforced only at the checkpoints, and during re-runs only at the
-      ``rerun_points`` and only at the re-run of each target's own producer
-      (the other targets of the same op are taken as not yet re-created);
-    * the prefetch admission rule (a copy-back starts only when every op up to
-      its use still fits) is not modelled: the program only asks that a tensor
-      is back by its use;
-    * the D2H order is first in, first out; copy-backs are ordered freely;
-    * the re-run chains are followed ``chain_depth`` dropped tensors deep: a
-      deeper chain is charged as if it stopped there.
+    * memory is enforced only at the checkpoints, at their two instants, and
+      during re-runs only at the ``rerun_points`` and only at the re-run of
+      each target's own producer;
+    * the prefetch admission rule is not modelled;
+    * the re-run chains are followed ``chain_depth`` dropped tensors deep.
 
 Where the simulator charges a plan more than the program did (the admission
 rule, an eager prefetch that makes a later op wait), the planner's rounds add
 checkpoints and cut the plan off; on tiny traces this reaches the optimum of
-exhaustive enumeration (``tests/agents/test_optimal.py``).
+exhaustive enumeration (:mod:`.exhaustive`).
 
 This is not Checkmate's or POET's stage-indexed program (a binary per op and
 tensor: quadratic in the number of ops): its binaries are per candidate and
@@ -137,7 +228,7 @@ class Candidate:
 
     tensor: int
     event: int
-    act_op: int  # a_i: the action's op (the tensor leaves after it)
+    act_op: int  # a_i: the op after which it leaves (its action's op, or the op a holder outside autograd keeps it to)
     next_use: int  # n_i: back (or recomputed) before this op
     nbytes: int
     can_recompute: bool
@@ -145,8 +236,9 @@ class Candidate:
     t_in: float  # copy-back time, ms
 
 
-def candidates(sim: Simulator) -> list[Candidate]:
-    """The tensors whose action window covers an op over the limit, in issue order."""
+def candidates(sim: Simulator, every: bool = False) -> list[Candidate]:
+    """The tensors whose action window covers an op over the limit (``every``: all tensors with a
+    valid action), in the simulator's order of swap requests (leave op, then event)."""
     over = sim.op_memory > sim.memory_limit
     over_cum = np.concatenate(([0], np.cumsum(over)))
     can_swap, can_rec = sim.valid_actions()
@@ -156,20 +248,34 @@ def candidates(sim: Simulator) -> list[Candidate]:
     seen: set[int] = set()
     ete, eop, nxt = trace.event_tensor, trace.event_op, sim.event_next_use
     nbytes = trace.tensor_nbytes
+    held = trace.held_op
     for e in ev[::-1].tolist():  # the last valid event of each tensor
         t = int(ete[e])
         if t in seen:
             continue
         seen.add(t)
-        a, n = int(eop[e]), int(nxt[e])
-        if n <= a + 1 or over_cum[n] - over_cum[a + 1] == 0:
+        # it leaves when its action's op ends, or when a holder outside autograd lets it go
+        a, n = max(int(eop[e]), int(held[t])), int(nxt[e])
+        if not every and (n <= a + 1 or over_cum[n] - over_cum[a + 1] == 0):
             continue
         b = int(nbytes[t])
         out.append(Candidate(t, int(e), a, n, b, bool(can_rec[e]),
                              float(sim.profile.transfer_time(b, "d2h")) * MS,
                              float(sim.profile.transfer_time(b, "h2d")) * MS))
-    out.sort(key=lambda c: c.event)
+    out.sort(key=lambda c: (c.act_op, c.event))  # the simulator's order of swap requests
     return out
+
+
+def actionable_windows(sim: Simulator) -> list[tuple[int, int, int]]:
+    """``(tensor, leave op, next use)`` of every tensor with a valid action (its last valid event)."""
+    can_swap, _ = sim.valid_actions()
+    trace = sim.trace
+    held = trace.held_op
+    out: dict[int, tuple[int, int, int]] = {}
+    for e in np.flatnonzero(can_swap).tolist():
+        t = int(trace.event_tensor[e])
+        out[t] = (t, max(int(trace.event_op[e]), int(held[t])), int(sim.event_next_use[e]))
+    return list(out.values())
 
 
 def critical_ops(sim: Simulator, cands: Sequence[Candidate]) -> list[int]:
@@ -238,6 +344,13 @@ class SwapProgram:
                  rerun_points: Iterable[int] = (), exclude: Iterable[Iterable[Action]] = (),
                  chain_depth: int = 3, fifo: bool = True) -> None:
         self.sim, self.cands = sim, list(cands)
+        exclude = [tuple(plan) for plan in exclude]
+        if exclude:
+            # A cut must exclude one plan, not every plan that acts the same on the candidates:
+            # give every tensor with a valid action its variables.
+            known = {c.tensor for c in self.cands}
+            self.cands += [c for c in candidates(sim, every=True) if c.tensor not in known]
+            self.cands.sort(key=lambda c: (c.act_op, c.event))
         trace = sim.trace
         n_ops = trace.n_ops
         limit = sim.memory_limit
@@ -269,8 +382,10 @@ class SwapProgram:
 
         # Plans already replayed (their simulated cost is known): no-good cuts, one per plan.
         by_tensor = {c.tensor: i for i, c in enumerate(cands)}
+        self._excluded: set[frozenset[tuple[int, int]]] = set()
         for plan in exclude:
             chosen = {by_tensor[a.tensor]: a.kind for a in plan if a.tensor in by_tensor}
+            self._excluded.add(frozenset((i, int(kind)) for i, kind in chosen.items()))
             terms, ones = [], 0
             for i in range(len(cands)):
                 kind = chosen.get(i)
@@ -363,37 +478,43 @@ class SwapProgram:
         for p in points:
             rows.add([(S[p], 1.0), (G[p], -1.0)] + [(v, -d) for v, d in reruns_at.get(p, ())], lo=0.0)
 
-        # Off the device at checkpoints, and memory there.
+        # Off the device at checkpoints, and memory there.  Memory is checked when an op starts and
+        # whenever a copy back starts while it runs, so at each checkpoint k the bytes away cover
+        # its excess at two instants: when k starts (w_s: copied out by S_k, copied back after S_k)
+        # and when it ends (w_e: copied out by G_{k+1}, copied back from G_{k+1}).  A tensor may be
+        # away at one and not the other (its copy out ends, or its copy back starts, while k runs).
         cover: dict[int, list[int]] = {k: [] for k in ks}
         for i, c in enumerate(cands):
             lo_k, hi_k = np.searchsorted(ks, c.act_op, "right"), np.searchsorted(ks, c.next_use, "left")
             for k in ks[lo_k:hi_k]:
                 cover[k].append(i)
-        w: dict[tuple[int, int], int] = {}
+        # instant (name, its time variable at k, the time variable copies back start after)
+        instants = (("start", lambda k: S[k]), ("end", lambda k: G[k + 1]))
+        ws: dict[str, dict[tuple[int, int], int]] = {name: {} for name, _ in instants}
         for k in ks:
-            for i in cover[k]:
-                w[i, k] = var(0, 1, True)
-                rows.add([(w[i, k], 1.0), (o[i], -1.0)], hi=0.0)
             excess = float(sim.op_memory[k] - limit) / GIB
-            terms = [(w[i, k], cands[i].nbytes / GIB) for i in cover[k]]
-            terms += [(r[i], cands[i].nbytes / GIB) for i in cover[k] if r[i] >= 0]
-            rows.add(terms, lo=excess)
+            for name, _ in instants:
+                w = ws[name]
+                for i in cover[k]:
+                    w[i, k] = var(0, 1, True)
+                    rows.add([(w[i, k], 1.0), (o[i], -1.0)], hi=0.0)
+                terms = [(w[i, k], cands[i].nbytes / GIB) for i in cover[k]]
+                terms += [(r[i], cands[i].nbytes / GIB) for i in cover[k] if r[i] >= 0]
+                rows.add(terms, lo=excess)
+        self.w = ws
         for j, n, link, d_read in leaf_rows:
             c = cands[j]
             for k in ks:
-                if (j, k) not in w:
-                    continue
-                if k >= n:  # ... and stays from n on: not away at checkpoints in [n, n_j)
-                    rows.add([(w[j, k], 1.0)] + [(v, 1.0) for v, _ in link], hi=float(len(link)))
-                else:  # away at k: its copy-back runs between k and n
-                    t = c.t_in + d_read
-                    rows.add([(S[n], 1.0), (G[k + 1], -1.0), (w[j, k], -t)] + [(v, -t) for v, _ in link],
-                             lo=-t * len(link))
-        ks_of: dict[int, list[int]] = {}
-        for (i, k) in w:
-            ks_of.setdefault(i, []).append(k)
-        for i in range(nc):  # a swap that is never away at a checkpoint only costs time
-            rows.add([(o[i], 1.0)] + [(w[i, k], -1.0) for k in ks_of.get(i, ())], hi=0.0)
+                for name, at in instants:
+                    w = ws[name]
+                    if (j, k) not in w:
+                        continue
+                    if k >= n:  # ... and stays from n on: not away at checkpoints in [n, n_j)
+                        rows.add([(w[j, k], 1.0)] + [(v, 1.0) for v, _ in link], hi=float(len(link)))
+                    else:  # away at k: its copy back starts after that instant and ends before its re-run
+                        t = c.t_in + d_read
+                        rows.add([(S[n], 1.0), (at(k), -1.0), (w[j, k], -t)] + [(v, -t) for v, _ in link],
+                                 lo=-t * len(link))
 
         def energy(steps: Iterable[tuple[list[tuple[int, float]], int, int]]) -> None:
             """Horn's condition for one copy engine over nested windows: ``steps`` run from the
@@ -409,43 +530,43 @@ class SwapProgram:
                 rows.add([(total, 1.0), (start, 1.0), (end, -1.0)], hi=0.0)
                 acc = total
 
-        # "Copy-out finished before k": y[i, k].
-        yv: dict[tuple[int, int], int] = {}
-        for k in ks:
-            order = cover[k]  # issue order (cands are sorted by event)
-            if fifo:
-                prev = -1
-                for i in order:
-                    P = var(0.0, 1.0)
-                    rows.add([(P, 1.0), (w[i, k], -1.0)], lo=0.0)
-                    if prev >= 0:
-                        rows.add([(prev, 1.0), (P, -1.0)], lo=0.0)
-                    prev = P
-                    yv[i, k] = var(0.0, 1.0)
-                    rows.add([(yv[i, k], 1.0), (P, -1.0), (o[i], -1.0)], lo=-1.0)
-            else:
-                for i in order:
-                    yv[i, k] = w[i, k]
-
-        # Copy-out energy: per checkpoint k, cumulative over release points r (latest first).
         by_release: dict[int, list[int]] = {}
         for i, c in enumerate(cands):
             by_release.setdefault(c.act_op + 1, []).append(i)
         releases = sorted(by_release)
-        for k in ks:
-            energy(([(o[i], cands[i].t_out) if cands[i].next_use <= k else (yv[i, k], cands[i].t_out)
-                     for i in by_release[rp] if cands[i].next_use <= k or (i, k) in yv], G[rp], S[k])
-                   for rp in reversed(releases) if rp <= k)
-
-        # Copy-back energy: per checkpoint k, cumulative over due points h (earliest first).
         by_due: dict[int, list[int]] = {}
         for i, c in enumerate(cands):
             by_due.setdefault(c.next_use, []).append(i)
         dues = sorted(by_due)
-        for k in ks:
-            energy(([(o[i], cands[i].t_in) if cands[i].act_op >= k else (w[i, k], cands[i].t_in)
-                     for i in by_due[h] if cands[i].act_op >= k or (i, k) in w], G[k + 1], S[h])
-                   for h in dues if h > k)
+        for name, at in instants:
+            w = ws[name]
+            # "Copy-out finished by the instant": y[i, k].
+            yv: dict[tuple[int, int], int] = {}
+            for k in ks:
+                order = cover[k]  # issue order (cands are sorted by leave op, then event)
+                if fifo:
+                    prev = -1
+                    for i in order:
+                        P = var(0.0, 1.0)
+                        rows.add([(P, 1.0), (w[i, k], -1.0)], lo=0.0)
+                        if prev >= 0:
+                            rows.add([(prev, 1.0), (P, -1.0)], lo=0.0)
+                        prev = P
+                        yv[i, k] = var(0.0, 1.0)
+                        rows.add([(yv[i, k], 1.0), (P, -1.0), (o[i], -1.0)], lo=-1.0)
+                else:
+                    for i in order:
+                        yv[i, k] = w[i, k]
+            # Copy-out energy: per checkpoint k, cumulative over release points r (latest first).
+            for k in ks:
+                energy(([(o[i], cands[i].t_out) if cands[i].next_use <= k else (yv[i, k], cands[i].t_out)
+                         for i in by_release[rp] if cands[i].next_use <= k or (i, k) in yv], G[rp], at(k))
+                       for rp in reversed(releases) if rp <= k)
+            # Copy-back energy: per checkpoint k, cumulative over due points h (earliest first).
+            for k in ks:
+                energy(([(o[i], cands[i].t_in) if cands[i].act_op >= k else (w[i, k], cands[i].t_in)
+                         for i in by_due[h] if cands[i].act_op >= k or (i, k) in w], at(k), S[h])
+                       for h in dues if h > k)
 
         # Memory while the re-runs before n run (only at the ops given: added where a replay needed it).
         mal = sim.op_malloc.tolist()
@@ -454,20 +575,22 @@ class SwapProgram:
         for i, c in enumerate(cands):
             if r[i] >= 0:
                 targets_at.setdefault(c.next_use, []).append(i)
+        windows = [wd for wd in actionable_windows(sim) if wd[0] not in by_tensor]
+        self.away: dict[tuple[int, int], int] = {}
         for n in sorted({int(n) for n in rerun_points}):
             tg = targets_at.get(n, [])
             if not tg:
                 continue
             covering = [i for i, c in enumerate(cands) if c.act_op < n < c.next_use]
             away = {}
-            for i in covering:  # swapped i is away during the re-runs: its copy-out ended before S_n
-                away[i] = var(0, 1, True)
+            for i in covering:  # swapped i may be away during the re-runs: its copy-out ended before S_n
+                away[i] = self.away[i, n] = var(0, 1, True)
                 rows.add([(away[i], 1.0), (o[i], -1.0)], hi=0.0)
                 rows.add([(S[n], 1.0), (G[cands[i].act_op + 1], -1.0), (away[i], -cands[i].t_out)], lo=0.0)
-            for j, n2, link, _ in leaf_rows:  # a swapped input of these re-runs is on the device for them
-                if n2 == n and j in away:
-                    rows.add([(away[j], 1.0)] + [(v, 1.0) for v, _ in link], hi=float(len(link)))
-            base = float(sim.op_memory[n] - mal[n] - scr[n] - limit) / GIB
+            # Tensors the program has no variable for (their window covers no checkpoint) may be away
+            # too, or not yet re-created if they are targets at n: taken as away.
+            others_away = sum(int(trace.tensor_nbytes[t]) for t, a, nu in windows if a < n <= nu)
+            base = float(sim.op_memory[n] - mal[n] - scr[n] - limit - others_away) / GIB
             relief = [(away[i], -cands[i].nbytes / GIB) for i in covering]
             relief += [(r[i], -cands[i].nbytes / GIB) for i in covering if r[i] >= 0]
             for x in tg:
@@ -477,20 +600,28 @@ class SwapProgram:
                 # while p re-runs: its outputs and scratch, and every input it reads that is away
                 extra = [(r[x], (mal[p] + scr[p]) / GIB)]
                 lo_terms: dict[int, float] = {}
+                back: list[tuple[int, float]] = []
                 for yv_t in inputs[p]:
                     if 0 <= free[yv_t] < n:  # freed by the trace: re-created whenever x is
                         extra.append((r[x], float(trace.tensor_nbytes[yv_t]) / GIB))
                     elif yv_t in by_tensor:
                         j = by_tensor[yv_t]
                         cj = cands[j]
-                        if r[j] >= 0 and cj.act_op < n < cj.next_use and j != x:
+                        if j == x or not (cj.act_op < n < cj.next_use):
+                            continue
+                        if r[j] >= 0:
                             lo_terms[j] = cj.nbytes / GIB
+                        # swapped, it is back before p re-runs (the simulator waits for it): no relief
+                        # then, u >= away_j + r_x - 1
+                        u = var(0.0, 1.0)
+                        rows.add([(u, 1.0), (away[j], -1.0), (r[x], -1.0)], lo=-1.0)
+                        back.append((u, cj.nbytes / GIB))
                 if lo_terms:
                     # b_y (r_x + r_y - 1): y is re-created (and so on the device) when both are dropped
                     chain = [(r[j], b) for j, b in lo_terms.items()] + [(r[x], sum(lo_terms.values()))]
-                    rows.add(relief + others + extra + chain, hi=-base + sum(lo_terms.values()))
+                    rows.add(relief + others + extra + back + chain, hi=-base + sum(lo_terms.values()))
                 else:
-                    rows.add(relief + others + extra, hi=-base)
+                    rows.add(relief + others + extra + back, hi=-base)
 
         # Each swap's own round trip, and one shared engine where copies are not duplex.
         for i, c in enumerate(cands):
@@ -514,13 +645,33 @@ class SwapProgram:
         return self.sim.compute_time + (objective_ms - float(self._cum[-1])) / MS
 
     def actions(self, x: np.ndarray) -> tuple[Action, ...]:
-        """The plan of a solution vector: swap where ``o_i``, recompute where ``r_i``."""
+        """The plan of a solution vector: swap where ``o_i``, recompute where ``r_i``.
+
+        A swap the solution never counts away (at no checkpoint, and during no re-runs) only costs
+        time in the program (setting its ``o_i`` to 0 keeps every row satisfied and the objective
+        no higher), so it is left out, unless that gives back a plan the program excludes.
+        """
+        useful: set[int] = set()
+        for w in self.w.values():
+            useful.update(i for (i, _), v in w.items() if x[v] > 0.5)
+        useful.update(i for (i, _), v in self.away.items() if x[v] > 0.5)
+        chosen: dict[int, int] = {}
+        dropped = False
+        for i in range(len(self.cands)):
+            if x[self.o[i]] > 0.5:
+                if i in useful:
+                    chosen[i] = int(ActionKind.SWAP)
+                else:
+                    dropped = True
+            elif self.r[i] >= 0 and x[self.r[i]] > 0.5:
+                chosen[i] = int(ActionKind.RECOMPUTE)
+        if dropped and frozenset(chosen.items()) in self._excluded:
+            chosen.update((i, int(ActionKind.SWAP)) for i in range(len(self.cands)) if x[self.o[i]] > 0.5)
         out = []
         for i, c in enumerate(self.cands):
-            if x[self.o[i]] > 0.5:
-                out.append(Action(c.event, c.tensor, ActionKind.SWAP))
-            elif self.r[i] >= 0 and x[self.r[i]] > 0.5:
-                out.append(Action(c.event, c.tensor, ActionKind.RECOMPUTE))
+            kind = chosen.get(i)
+            if kind is not None:
+                out.append(Action(c.event, c.tensor, ActionKind(kind)))
         return tuple(out)
 
     def fix(self, actions: Iterable[Action]) -> tuple[np.ndarray, np.ndarray]:

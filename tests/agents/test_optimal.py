@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import json
 import math
+import os
 import random
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +18,7 @@ import pytest
 from dqn_swap.agents import get_planner
 from dqn_swap.agents.baselines import PLANNERS
 from dqn_swap.agents.optimal import OptimalPlanner, SwapProgram, candidates, critical_ops
-from dqn_swap.agents.optimal.solver import parse_progress, solve
+from dqn_swap.agents.optimal.solver import silenced, solve
 from dqn_swap.plan import Action, ActionKind
 from dqn_swap.simulator import Simulator
 from dqn_swap.trace import Trace
@@ -73,7 +79,7 @@ def test_bound_is_valid_on_a_network(tiny_resnet_trace: Trace) -> None:
     sim = Simulator(trace, 0, PROFILE)
     for f in (0.3, 0.6):
         limit = between(trace, f)
-        plan = OptimalPlanner(**QUICK).plan(trace, limit, PROFILE)
+        plan = OptimalPlanner(**(QUICK | {"time_limit": 15.0})).plan(trace, limit, PROFILE)
         bound = plan.settings["certified_bound"]
         assert bound >= Simulator(trace, limit, PROFILE).lower_bound * (1 - 1e-12)
         assert plan.figures["feasible"]
@@ -127,17 +133,125 @@ def test_impossible_limit_is_proved() -> None:
     assert not plan.figures["feasible"]
 
 
-def test_progress_rows_are_parsed() -> None:
-    row = " R       0       0         0   0.00%   226.7104663     227.928168         0.53%        0      0      0       860     0.2s"
-    p = parse_progress(row)
-    assert p is not None and p.bound == pytest.approx(226.7104663) and p.incumbent == pytest.approx(227.928168)
-    assert parse_progress("         0       0         0   0.00%   89.95307918     inf                  inf        0      0      0         0     0.1s").incumbent == math.inf
-    assert parse_progress("Presolving model") is None
-
-
 def test_progress_line_shows_incumbent_and_bound(tiny_resnet_trace: Trace, capfd: pytest.CaptureFixture[str]) -> None:
-    plan = OptimalPlanner(progress=True, incumbents=()).plan(tiny_resnet_trace, between(tiny_resnet_trace, 0.3), PROFILE)
+    plan = OptimalPlanner(progress=True, incumbents=(), time_limit=10.0).plan(tiny_resnet_trace, between(tiny_resnet_trace, 0.3), PROFILE)
     out, err = capfd.readouterr()
     assert "incumbent" in err and "bound" in err
-    assert "HiGHS" not in out  # the solver's log is read, not shown
+    assert out == ""  # nothing of the solver reaches standard output
     assert plan.figures["feasible"]
+
+
+def test_silenced_swallows_writes_to_descriptors_1_and_2(capfd: pytest.CaptureFixture[str]) -> None:
+    """Writes from C and through the descriptors inside the region go nowhere; the descriptors are
+    back afterwards, also when the region raises; ``sys.stderr`` still reaches descriptor 2."""
+    libc = ctypes.CDLL(None)
+    before = [os.fstat(fd).st_ino for fd in (1, 2)]
+    with silenced():
+        os.write(1, b"fd1-inside\n")
+        os.write(2, b"fd2-inside\n")
+        libc.printf(b"printf-inside\n")
+        libc.fflush(None)
+        sys.stderr.write("python-stderr\n")
+    with pytest.raises(RuntimeError):
+        with silenced():
+            libc.printf(b"printf-before-raise\n")
+            raise RuntimeError("solver failed")
+    assert [os.fstat(fd).st_ino for fd in (1, 2)] == before
+    os.write(1, b"fd1-after\n")
+    out, err = capfd.readouterr()
+    assert "inside" not in out and "inside" not in err and "before-raise" not in out
+    assert "fd1-after" in out and "python-stderr" in err
+
+
+def test_simulate_json_is_the_only_standard_output(tmp_path, tiny_resnet_trace: Trace) -> None:
+    """``simulate --planner optimal --json`` prints JSON and nothing else."""
+    path = tmp_path / "t.trace"
+    tiny_resnet_trace.save(path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-m", "dqn_swap", "simulate", str(path), "-m", "50%", "--planner",
+                           "optimal", "--time-limit", "30", "--json"], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["planner"] == "optimal" and figures["feasible"]
+
+
+def test_never_slower_than_any_incumbent(tiny_resnet_trace: Trace) -> None:
+    """With the default incumbents (every baseline and the agent's pass) and a short time limit, the
+    plan is at most every baseline's and dqn's simulated makespan, and says where it started from."""
+    trace = tiny_resnet_trace
+    cases = [(trace, between(trace, f)) for f in (0.3, 0.5)]
+    cases += [(t, lim) for t, lim in (random_chain(random.Random(7)), random_chain(random.Random(8)))]
+    for trace, limit in cases:
+        plan = OptimalPlanner(time_limit=5.0).plan(trace, limit, PROFILE)
+        s = plan.settings
+        assert set(s["incumbents"]) == {*PLANNERS} - {"none"} | {"dqn"}
+        for name in [*PLANNERS, "dqn"]:
+            other = get_planner(name).plan(trace, limit, PROFILE)
+            if other.figures["feasible"]:
+                assert plan.figures["feasible"], name
+                assert plan.figures["makespan"] <= other.figures["makespan"] * (1 + 1e-12), name
+        fitting = {n: r["makespan"] for n, r in s["incumbents"].items() if r["makespan"] is not None}
+        if fitting and s["started_from"] != "none":
+            assert s["started_makespan"] == pytest.approx(min(fitting.values()), rel=1e-12)
+            assert fitting[s["started_from"]] == s["started_makespan"]
+        assert s["plan_from"] in {*fitting, "program", "none"}
+
+
+def test_time_limit_counts_cpu_time(tiny_resnet_trace: Trace) -> None:
+    """The limit is on the CPU time the solve receives; the result reports it beside the wall clock."""
+    trace = tiny_resnet_trace
+    limit = between(trace, 0.3)
+    sim = Simulator(trace, limit, PROFILE)
+    cands = candidates(sim)
+    prog = SwapProgram(sim, cands, [k for k in range(trace.n_ops) if sim.op_memory[k] > limit])
+    c0 = time.process_time()
+    out = solve(prog, time_limit=1.0, gap=0.0)
+    used = time.process_time() - c0
+    assert out.cpu_seconds <= used + 1e-6
+    assert out.status == 1, "the solve should need more than a second of CPU"
+    assert out.cpu_seconds >= 1.0  # stopped by the CPU clock, not before
+    assert out.cpu_seconds < 10.0
+    plan = OptimalPlanner(incumbents=(), time_limit=2.0).plan(trace, limit, PROFILE)
+    s = plan.settings
+    assert s["solve_cpu_seconds"] <= s["solve_seconds"] + 0.5  # one process, at most a little parallel
+    assert sum(r["cpu_seconds"] for r in s["rounds"]) <= s["solve_cpu_seconds"] + 1e-6
+    assert s["stopped"] == "time limit" or s["proved_optimal"]
+
+
+def test_starting_plans_are_taken_by_the_solver(tiny_resnet_trace: Trace) -> None:
+    """A baseline's plan given as a starting solution is the solver's incumbent from the start: a solve
+    stopped early returns a solution no worse (in the program's objective) than the start's."""
+    trace = tiny_resnet_trace
+    limit = between(trace, 0.5)
+    sim = Simulator(trace, limit, PROFILE)
+    cands = candidates(sim)
+    prog = SwapProgram(sim, cands, critical_ops(sim, cands))
+    start = PLANNERS["window"]().plan(trace, limit, PROFILE)
+    assert start.figures["feasible"]
+    lb, ub = prog.fix(start.actions)
+    fixed = solve(prog, time_limit=30, gap=0.0, lb=lb, ub=ub)
+    assert fixed.status == 0
+    out = solve(prog, time_limit=5.0, gap=0.0, starts=[start.actions])
+    assert out.x is not None and out.starts_given == 1
+    assert out.objective <= fixed.objective * (1 + 1e-9)
+
+
+def test_rounds_that_disagree_add_checkpoints_or_stop(tiny_resnet_trace: Trace) -> None:
+    """At 30 % of resnet_tiny the simulator charges the program's plans more than the program did;
+    every round that disagrees adds a checkpoint or a re-run point, or the rounds stop saying why
+    (they used to cut off one plan a round and add nothing, 30 times)."""
+    trace = tiny_resnet_trace
+    plan = OptimalPlanner(incumbents=(), time_limit=20.0, gap=0.0, rounds=8, cut_only_rounds=3).plan(
+        trace, between(trace, 0.3), PROFILE)
+    s = plan.settings
+    disagreeing = [r for r in s["rounds"] if "added_checkpoints" in r]
+    assert disagreeing, "expected the replay to disagree with the program on this case"
+    cut_only = 0
+    for r in disagreeing:
+        cut_only = cut_only + 1 if r["added_checkpoints"] + r["added_rerun_points"] == 0 else 0
+        assert cut_only < s["cut_only_rounds"] or s["stopped"]
+    grown = [r["checkpoints"] for r in s["rounds"]]
+    assert grown == sorted(grown) and grown[-1] > grown[0]
+    if s["stopped"] and s["stopped"] != "time limit":
+        assert "disagree" in s["stopped"]
