@@ -29,7 +29,8 @@ from typing import Any
 from dqn_swap.agents.baselines import PLANNERS, get_planner
 from machine import machine, relative_paths
 from dqn_swap.cost import get_profile
-from dqn_swap.trace import Trace, format_bytes
+from dqn_swap.trace import Trace
+from dqn_swap.units import format_bytes
 from dqn_swap.files import write_text
 
 

@@ -1,7 +1,26 @@
 """dqn-swap: plan tensor swapping and recomputation with a deep Q-network.
 
 Pipeline: record -> trace -> operation graph -> simulator -> environment -> agents -> plan -> runtime.
-The core library (this package) never imports the reinforcement-learning side.
+
+What this module re-exports, and what it imports:
+
+* **at import**, only core modules, and no torch: the trace's types and
+  :func:`resolve_memory_limit` (:mod:`dqn_swap.trace`), :class:`MemoryLimit`
+  (:mod:`dqn_swap.limits`), :class:`Plan` and its actions (:mod:`dqn_swap.plan`) and the device
+  profiles (:mod:`dqn_swap.cost`), with what those import (:mod:`dqn_swap.units`,
+  :mod:`dqn_swap.files`);
+* **on first use** (module ``__getattr__``, table ``_LAZY``): :func:`record_trace`
+  (:mod:`dqn_swap.recorder`), :func:`simulate` and :class:`Simulator` (:mod:`dqn_swap.simulator`)
+  and :func:`autoplan` (:mod:`dqn_swap.user_loop`) from the core, and two names from above it:
+  :func:`get_planner` from :mod:`dqn_swap.agents` (the planners) and :class:`PlannedExecution`
+  from :mod:`dqn_swap.runtime`.
+
+Those two, and :func:`autoplan`, which plans with the agents and trains with the runtime, are
+the only arrows from the core up to the agents or the runtime: the package's face for users
+(:mod:`dqn_swap.trainer` reaches them through :func:`autoplan`).
+Every other core module imports the core only; ``tests/test_import_layers.py`` checks the
+layers (core <- env <- agents <- command line; the runtime imports the core only) and lists
+these exceptions.
 """
 
 from .cost import PROFILES, DeviceProfile, get_profile

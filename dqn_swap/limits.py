@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Union
 
-from .trace import MAX_BYTES, format_bytes, parse_bytes
+from .units import MAX_BYTES, format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from .trace import Trace

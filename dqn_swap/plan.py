@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from .files import not_a_regular_file, write_atomically
-from .trace import MAX_BYTES
+from .units import MAX_BYTES
 
 if TYPE_CHECKING:
     from .trace import Trace

@@ -67,6 +67,8 @@ from typing import Any
 import numpy as np
 
 from .files import not_a_regular_file, write_atomically
+# Sizes (dqn_swap.units) are re-exported here too: the simulator, the runtime and users' code import them from here.
+from .units import MAX_BYTES, format_bytes, parse_bytes  # noqa: F401
 
 FORMAT = "dqn-swap-trace"
 VERSION = 2
@@ -108,8 +110,6 @@ class Role(enum.IntEnum):
 MOVABLE_ROLES = (Role.SAVED,)
 
 
-#: Bytes a single tensor (or a whole trace) may claim: 1 PiB, beyond any device (a corrupt file says more).
-MAX_BYTES = 2**50
 #: Seconds one iteration may claim (a year): a corrupt file says more, and the sum of its ops then overflows.
 MAX_SECONDS = 365 * 24 * 3600.0
 
@@ -297,15 +297,6 @@ class Trace:
         """
         keep = np.isin(self.tensor_role, [Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT]) & ~self.movable
         return int(self.tensor_nbytes[keep].sum())
-
-    @cached_property
-    def op_working_set(self) -> np.ndarray:
-        """Bytes each op needs resident at once: its inputs and outputs (distinct storages)."""
-        ws = np.zeros(self.n_ops, dtype=np.int64)
-        ev = self.event_kind != EventKind.FREE
-        pairs = np.unique(np.stack([self.event_op[ev], self.event_tensor[ev]]), axis=1)
-        np.add.at(ws, pairs[0], self.tensor_nbytes[pairs[1]])
-        return ws
 
     @cached_property
     def movable(self) -> np.ndarray:
@@ -834,35 +825,6 @@ class Trace:
             "max_op_scratch_bytes": int(self.op_scratch.max()) if self.n_ops else 0,
             "scratch": self.meta.get("scratch", "none"),
         }
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
-def parse_bytes(text: str) -> int:
-    """Parse ``8GiB``, ``512 MB``, ``1e9`` into bytes (binary and decimal units)."""
-    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-             "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-             "tb": 1000**4, "tib": 1024**4}
-    s = text.strip().lower().replace(" ", "").replace("_", "")
-    i = len(s)
-    while i > 0 and s[i - 1].isalpha():
-        i -= 1
-    number, unit = s[:i], s[i:]
-    if unit not in units:
-        raise ValueError(f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    try:
-        value = float(number) * units[unit]
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (examples: 8GiB, 512MB, 1e9)") from None
-    if value < 0:
-        raise ValueError(f"size must not be negative: {text!r}")
-    return int(value)
 
 
 class TraceBuilder:

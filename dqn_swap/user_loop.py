@@ -80,7 +80,8 @@ from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
 from .recorder import _end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved
-from .trace import Phase, Trace, TraceBuilder, format_bytes
+from .trace import Phase, Trace, TraceBuilder
+from .units import format_bytes
 
 log = logging.getLogger("dqn_swap.autoplan")
 

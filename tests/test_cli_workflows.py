@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from dqn_swap.cli import main
-from dqn_swap.trace import Trace, format_bytes
+from dqn_swap.trace import Trace
+from dqn_swap.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 # A few hundred steps of a small network; one thread (two cores, often shared, make torch's

@@ -13,8 +13,9 @@ from dqn_swap.cli import main
 from dqn_swap.cli.experiment import _resolve_limit
 from dqn_swap.limits import MemoryLimit, MemoryLimitError, resolve_limit
 from dqn_swap.runtime import PlannedExecution, make_plan
-from dqn_swap.trace import format_bytes, resolve_memory_limit
+from dqn_swap.trace import resolve_memory_limit
 from dqn_swap.env import SwapRecomputeEnv
+from dqn_swap.units import format_bytes
 
 from .runtime_support import trace_of
 

@@ -7,7 +7,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from dqn_swap.trace import Phase, Role, Trace, TraceBuilder, TraceError, parse_bytes
+from dqn_swap.trace import Phase, Role, Trace, TraceBuilder, TraceError
+from dqn_swap.units import parse_bytes
 
 
 def small_trace() -> Trace:

@@ -6,7 +6,8 @@ import json
 import sys
 from typing import Any
 
-from ..trace import Trace, format_bytes
+from ..trace import Trace
+from ..units import format_bytes
 
 
 def print_json(obj: Any) -> None:

@@ -162,7 +162,7 @@ def add_ceilings(rows: list[dict[str, Any]]) -> None:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One table per trace: a row per limit, a column per planner, cells 'overhead (distance to the ceiling)',
     or for an infeasible plan where it fails ('fails at #op, N short')."""
-    from ..trace import format_bytes
+    from ..units import format_bytes
 
     out = io.StringIO()
     planners = list(dict.fromkeys(r["planner"] for r in rows))

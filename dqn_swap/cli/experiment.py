@@ -494,7 +494,7 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
 # --------------------------------------------------------------------------- the report as text
 def report_table(report: dict[str, Any]) -> str:
     """The report of :func:`run_planned_training` as a table for people (``dqn-swap run``)."""
-    from ..trace import format_bytes
+    from ..units import format_bytes
 
     def size(value: Any) -> str:
         return format_bytes(value) if isinstance(value, (int, float)) else "-"

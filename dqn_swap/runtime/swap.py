@@ -76,11 +76,6 @@ class HostBufferPool:
         with self._lock:
             self._free.setdefault(buf.numel(), []).append((buf, event))
 
-    @property
-    def free_bytes(self) -> int:
-        with self._lock:
-            return sum(n * len(v) for n, v in self._free.items())
-
     def clear(self) -> None:
         with self._lock:
             self._free.clear()
