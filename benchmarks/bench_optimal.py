@@ -80,13 +80,14 @@ def plan_cell(model: str, frac: float, time_limit: float) -> dict[str, Any]:
 def grid_markdown(result: dict[str, Any]) -> str:
     """Per cell: the optimum (or the bound and the certified gap), and every planner's distance to it."""
     names = [*BASELINES, "dqn", "optimal"]
-    head = ["network", "limit", "optimum (overhead)", "gap", "solve s", *names]
+    head = ["network", "limit", "optimum (overhead)", "gap", "bound from", "solve s", *names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in result["cells"]:
         T, bound = c["compute_time"], c["bound"]
         opt = f"{c['best'] / T - 1:.4f}" if c["proved_optimal"] else f"≥ {bound / T - 1:.4f}"
         row = [NAMES.get(c["model"], c["model"]), f"{round(c['limit'] * 100)} %", opt,
-               "0" if c["proved_optimal"] else f"{100 * c['gap']:.3f} %", f"{c['solve_seconds']:.0f}"]
+               "0" if c["proved_optimal"] else f"{100 * c['gap']:.3f} %", c.get("bound_source", "?"),
+               f"{c['solve_seconds']:.0f}"]
         for n in names:
             p = c["planners"][n]
             if not p["feasible"]:

@@ -143,6 +143,27 @@ def start_values(prog: SwapProgram, actions: Iterable[object]) -> tuple[np.ndarr
 #: The callback through which HiGHS asks for more starting solutions, where its version has it.
 _USER_SOLUTION = getattr(_highs.cb.HighsCallbackType, "kCallbackMipUserSolution", None)
 
+@contextmanager
+def _signals_noted(received: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM append to ``received`` instead of raising (main thread only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    old = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 _STATUS = {  # HiGHS model status -> scipy.optimize.milp's status code
     "kOptimal": 0, "kTimeLimit": 1, "kIterationLimit": 1, "kSolutionLimit": 1, "kInterrupt": 1,
     "kHighsInterrupt": 1, "kObjectiveBound": 1, "kObjectiveTarget": 1,
@@ -191,7 +212,7 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
     def callback(kind: int, _msg: str, out: object, inp: object, _user: object) -> None:
         cpu = time.process_time() - c0
         if kind == cb_type.kCallbackMipInterrupt:
-            if cpu >= cpu_limit:
+            if cpu >= cpu_limit or signals:
                 inp.user_interrupt = True  # type: ignore[attr-defined]
             if on_progress is not None and cpu >= state["next_progress"]:
                 state["next_progress"] = cpu + PROGRESS_EVERY
@@ -201,7 +222,11 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
             inp.setSolution(idx, val)  # type: ignore[attr-defined]
             inp.repairSolution()  # type: ignore[attr-defined]
 
-    with silenced():
+    # SIGINT and SIGTERM while HiGHS runs: an exception raised inside its callback would not stop
+    # it, so the signal is noted, the next callback interrupts the solve, and the signal is raised
+    # again once HiGHS has returned (:mod:`dqn_swap.stop`: one line, exit 130 or 143).
+    signals: list[int] = []
+    with silenced(), _signals_noted(signals):
         highs = h._Highs()
         highs.setOptionValue("output_flag", False)
         highs.setOptionValue("log_to_console", False)
@@ -227,6 +252,10 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
         has_x = code in (0, 1) and math.isfinite(obj) and abs(obj) < h.kHighsInf
         x = np.asarray(highs.getSolution().col_value, dtype=np.float64) if has_x else None
         dual = float(info.mip_dual_bound)
+    if signals:
+        from dqn_swap.stop import Stopped
+
+        raise Stopped(signals[0])
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     objective = obj if has_x else math.inf
     if not math.isfinite(dual) or abs(dual) >= h.kHighsInf:

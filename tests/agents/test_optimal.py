@@ -255,3 +255,28 @@ def test_rounds_that_disagree_add_checkpoints_or_stop(tiny_resnet_trace: Trace) 
     assert grown == sorted(grown) and grown[-1] > grown[0]
     if s["stopped"] and s["stopped"] != "time limit":
         assert "disagree" in s["stopped"]
+
+
+def test_a_signal_during_the_solve_stops_it(tiny_resnet_trace: Trace) -> None:
+    """SIGINT while HiGHS runs (in C, where a Python exception in its callback would not stop it):
+    the next callback interrupts the solve and the signal is raised as soon as HiGHS returns."""
+    import os
+    import signal
+    import threading
+
+    from dqn_swap.stop import Stopped
+
+    trace = tiny_resnet_trace
+    sim = Simulator(trace, between(trace, 0.3), PROFILE)
+    cands = candidates(sim)
+    prog = SwapProgram(sim, cands, critical_ops(sim, cands))
+    timer = threading.Timer(1.5, os.kill, args=(os.getpid(), signal.SIGINT))
+    t0 = time.perf_counter()
+    timer.start()
+    try:
+        with pytest.raises(Stopped) as info:
+            solve(prog, time_limit=120.0, gap=0.0)
+    finally:
+        timer.cancel()
+    assert info.value.signum == signal.SIGINT and time.perf_counter() - t0 < 30
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
