@@ -143,7 +143,9 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
                   flush=True)
             result = {"time_limit": args.time_limit, "cells": cells, "summary": summarize(cells)}
             write_json(result, args.json)
-    result = {"time_limit": args.time_limit, "cells": cells, "summary": summarize(cells)}
+    from machine import commit
+
+    result = {"time_limit": args.time_limit, **commit(), "cells": cells, "summary": summarize(cells)}
     write_json(result, args.json)
     if args.md:
         from machine import machine
