@@ -2,8 +2,8 @@
 
 ``import dqn_swap.env`` registers ``dqn_swap/SwapRecompute-v0``::
 
-    import gymnasium, env
-    e = gymnasium.make("dqn_swap/SwapRecompute-v0", trace=trace, memory_limit=0.5)
+    import gymnasium, dqn_swap.env
+    e = gymnasium.make("dqn_swap/SwapRecompute-v0", trace=trace, memory_limit="50%")
 
 See :class:`dqn_swap.env.SwapRecomputeEnv` for the specification.
 """
