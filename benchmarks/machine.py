@@ -6,6 +6,7 @@ import os
 import platform
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -46,12 +47,13 @@ def commit() -> dict[str, object]:
 
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
-_SCRATCH = re.compile(r"/tmp/(?:[\w.@%+-]+/)*([\w.@%+-]+)")
+# A file in the temporary folder (tempfile.gettempdir(), where scratch outputs go): by its name alone.
+_SCRATCH = re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/(?:[\w.@%+-]+/)*([\w.@%+-]+)")
 
 
 def relative_paths(obj: object) -> object:
     """``obj`` (strings, lists and dicts of them) with this machine's paths taken out: a path inside
-    the repository relative to its root, a file in /tmp by its name alone."""
+    the repository relative to its root, a file in the temporary folder by its name alone."""
     if isinstance(obj, str):
         return _SCRATCH.sub(r"\1", obj.replace(_ROOT + "/", "").replace(_ROOT, "."))
     if isinstance(obj, dict):
