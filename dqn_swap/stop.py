@@ -55,25 +55,33 @@ def as_stopped(e: KeyboardInterrupt) -> Stopped:
 
 
 @contextlib.contextmanager
-def outputs_together(what: str) -> Iterator[None]:
-    """Write several outputs as one: SIGINT and SIGTERM received inside wait until the block ends,
-    then raise :class:`Stopped` saying ``what`` was written whole."""
+def signals_noted(received: list[int]) -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM append their number to ``received`` instead of raising (main thread
+    only: elsewhere Python runs no signal handler); the handlers before are restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
 
-    def hold(signum: int, frame: object) -> None:
+    def note(signum: int, frame: object) -> None:
         received.append(signum)
 
-    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def outputs_together(what: str) -> Iterator[None]:
+    """Write several outputs as one: SIGINT and SIGTERM received inside wait until the block ends,
+    then raise :class:`Stopped` saying ``what`` was written whole."""
+    received: list[int] = []
+    with signals_noted(received):
+        yield
     if received:
         raise Stopped(received[0], f"{what} were written whole before stopping")
 
 
-__all__ = ["Stopped", "as_stopped", "install", "outputs_together"]
+__all__ = ["Stopped", "as_stopped", "install", "outputs_together", "signals_noted"]

@@ -49,6 +49,7 @@ from scipy import sparse
 from scipy.optimize._highspy import _core as _highs  # the HiGHS that scipy.optimize.milp runs
 
 from dqn_swap.plan import ActionKind
+from dqn_swap.stop import Stopped, signals_noted
 
 from .program import SwapProgram
 
@@ -143,27 +144,6 @@ def start_values(prog: SwapProgram, actions: Iterable[object]) -> tuple[np.ndarr
 #: The callback through which HiGHS asks for more starting solutions, where its version has it.
 _USER_SOLUTION = getattr(_highs.cb.HighsCallbackType, "kCallbackMipUserSolution", None)
 
-@contextmanager
-def _signals_noted(received: list[int]) -> Iterator[None]:
-    """SIGINT and SIGTERM append to ``received`` instead of raising (main thread only)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def note(signum: int, frame: object) -> None:
-        received.append(signum)
-
-    old = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
 _STATUS = {  # HiGHS model status -> scipy.optimize.milp's status code
     "kOptimal": 0, "kTimeLimit": 1, "kIterationLimit": 1, "kSolutionLimit": 1, "kInterrupt": 1,
     "kHighsInterrupt": 1, "kObjectiveBound": 1, "kObjectiveTarget": 1,
@@ -226,7 +206,7 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
     # it, so the signal is noted, the next callback interrupts the solve, and the signal is raised
     # again once HiGHS has returned (:mod:`dqn_swap.stop`: one line, exit 130 or 143).
     signals: list[int] = []
-    with silenced(), _signals_noted(signals):
+    with silenced(), signals_noted(signals):
         highs = h._Highs()
         highs.setOptionValue("output_flag", False)
         highs.setOptionValue("log_to_console", False)
@@ -253,8 +233,6 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
         x = np.asarray(highs.getSolution().col_value, dtype=np.float64) if has_x else None
         dual = float(info.mip_dual_bound)
     if signals:
-        from dqn_swap.stop import Stopped
-
         raise Stopped(signals[0])
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     objective = obj if has_x else math.inf
