@@ -27,63 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from dqn_swap.files import save_figure, write_text
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402,F401  (re-exported for the scripts that still import them from here)
+    DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, ROOT, TRACE_DIR, get_trace, grid_agent, pct, slug, write_json)
+from dqn_swap.files import save_figure, write_text  # noqa: E402
 
-GRID = {"resnet50": 64, "vgg16": 64, "unet": 8, "lstm": 64, "gpt": 8}
-LIMITS = (0.9, 0.7, 0.5, 0.3)
-
-
-def pct(fraction: float):  # noqa: ANN201
-    """The limit ``fraction`` of the way from a trace's minimum memory to its peak (``0.7`` is 70 %)."""
-    from dqn_swap.limits import MemoryLimit
-
-    return MemoryLimit.percent(round(fraction * 100, 6))
-PROFILE = "v100-pcie3"
-TRACE_DIR = ROOT / "runs" / "traces"
-DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"  # the shipped agent (dqn_swap.agents.dqn.planner.DEFAULT_AGENT)
 CACHE = ROOT / "runs" / "baselines_cache.json"  # baseline figures per (model, limit, trace fingerprint)
-
-
-def slug(model: str) -> str:
-    """A model name as a file name: ``hf:configs/llama-8l`` -> ``hf_configs_llama-8l``."""
-    import re
-
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
-
-
-def get_trace(name: str, batch: int):
-    """Record (and cache under runs/traces) the trace of ``name`` at ``batch``."""
-    from dqn_swap.trace import Trace
-
-    from dqn_swap.agents.dqn.report import load_trace_spec
-
-    TRACE_DIR.mkdir(parents=True, exist_ok=True)
-    path = TRACE_DIR / f"{slug(name)}_b{batch}.trace"
-    if path.exists():
-        return Trace.load(path)
-    trace = load_trace_spec(f"{name}:{batch}", PROFILE)
-    trace.save(path, overwrite=True)
-    return trace
-
-
-def grid_agent(agents_dir: Path | None, model: str, frac: float) -> Path | None:
-    """The agent of a grid cell in ``agents_dir``: the per-cell one, else the per-network one (None: neither)."""
-    for cand in (f"{model}@{round(frac * 100)}.pt", f"{model}.pt"):
-        if agents_dir and (agents_dir / cand).exists():
-            return agents_dir / cand
-    return None
-
-
-def write_json(obj: Any, path: str | None) -> None:
-    if path:
-        from machine import machine, relative_paths
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        obj = {"machine": machine(), "command": " ".join(sys.argv), **obj}
-        write_text(Path(path), json.dumps(relative_paths(obj), indent=1, default=float) + "\n", overwrite=True)
 
 
 # ----------------------------------------------------------------------------- speed
@@ -250,9 +200,6 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     if args.search:
         print(f"dqn-search <= best baseline (+{args.tolerance:g}) in {out['search_wins']}/{cells} cells")
     return out
-
-
-NAMES = {"resnet50": "ResNet-50 b64", "vgg16": "VGG-16 b64", "unet": "U-Net b8", "lstm": "LSTM b64", "gpt": "GPT b8"}
 
 
 def grid_markdown(result: dict[str, Any]) -> str:

@@ -7,8 +7,7 @@ on ``meta`` at its own batch size and device profile (cached under ``runs/corpus
 and plans it at 90/70/50/30 % of the way from its minimum memory to its peak with every
 baseline and with the agent (``dqn``; ``--search`` adds ``dqn-search``).  A cell counts
 for the agent when its plan is feasible wherever a baseline's is and its simulated
-overhead is at most the best baseline's plus ``--tolerance`` (default 1e-3, the
-issue's).
+overhead is at most the best baseline's plus ``--tolerance`` (default 1e-3).
 
 Example::
 
@@ -34,8 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_dqn import DEFAULT_AGENT, LIMITS, pct, write_json  # noqa: E402
-from bench_optimal import BASELINES  # noqa: E402
+from common import BASELINES, DEFAULT_AGENT, LIMITS, pct, write_json  # noqa: E402
 from dqn_swap.files import write_text
 CORPUS = ROOT / "runs" / "corpus"
 

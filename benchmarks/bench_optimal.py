@@ -6,7 +6,7 @@ Subcommands::
     python benchmarks/bench_optimal.py grid     # 20 cells: optimum (or certified gap) and every planner's distance
     python benchmarks/bench_optimal.py scaling  # solve time, gap and program size against graph size
 
-``grid`` plans every cell of the comparison grid (``bench_dqn.py``: five
+``grid`` plans every cell of the comparison grid (``common.py``: five
 networks at 90/70/50/30 %) with every baseline, the per-network DQN agents of
 ``checkpoints/grid`` and ``optimal`` (``--time-limit`` seconds a cell), then
 reports per cell the certified bound (the larger of the program's dual bound
@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_dqn import DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, get_trace, grid_agent, pct  # noqa: E402
+from common import (  # noqa: E402,F401  (BASELINES re-exported for the scripts that import it from here)
+    BASELINES, DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, get_trace, grid_agent, pct, write_json)
 from dqn_swap.files import save_figure, write_text
 
 RESULTS = ROOT / "benchmarks" / "results"
-BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
 
 
 def plan_cell(model: str, frac: float, time_limit: float) -> dict[str, Any]:
@@ -124,7 +124,6 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
-    from bench_dqn import write_json
 
     path = Path(args.json)
     old = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
@@ -156,7 +155,6 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_scaling(args: argparse.Namespace) -> dict[str, Any]:
-    from bench_dqn import write_json
 
     from dqn_swap.agents import get_planner
     from dqn_swap.cost import get_profile

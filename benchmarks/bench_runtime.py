@@ -101,8 +101,11 @@ def gpu(args: argparse.Namespace) -> int:
             progress=lambda m: print(f"[bench]   {m}", file=sys.stderr, flush=True)))
     RESULTS.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "_", name_gpu.lower()).strip("_")
-    write_text(RESULTS / f"runtime_{slug}.json", json.dumps({"gpu": name_gpu, "reports": reports}, indent=1,
-                                                                     default=str) + "\n", overwrite=True)
+    from common import provenance
+    from machine import relative_paths
+
+    result = relative_paths({**provenance(), "gpu": name_gpu, "reports": reports})
+    write_text(RESULTS / f"runtime_{slug}.json", json.dumps(result, indent=1, default=str) + "\n", overwrite=True)
     write_text(RESULTS / f"runtime_{slug}.md", markdown(name_gpu, reports), overwrite=True)
     print(markdown(name_gpu, reports))
     return 0
@@ -110,7 +113,7 @@ def gpu(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- cpu helpers
 def workload(name: str, batch: int):  # noqa: ANN201
-    """A zoo workload, or ``mlp12``: 12 Linear(1024)-ReLU layers, the issue's recompute-all example."""
+    """A zoo workload, or ``mlp12``: 12 Linear(1024)-ReLU layers, a deep MLP where recomputing everything pays."""
     from dqn_swap.models import Workload, build_workload
 
     if name != "mlp12":
@@ -135,9 +138,11 @@ def record(name: str, batch: int):  # noqa: ANN201
 
 
 def write(args: argparse.Namespace, result: dict[str, Any], md: str) -> None:
+    from common import provenance
     from machine import relative_paths
 
     print(md)
+    result = {**provenance(), **result}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_text(Path(args.json), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
@@ -202,7 +207,7 @@ def overhead(args: argparse.Namespace) -> int:
 DEFAULT_MEMORY_MODELS = ",".join([
     # foreign workloads (tests/user_models.py), fp32 and bf16 autocast
     *(f"{n}{p}" for n in ("t5", "distilbert", "gcn", "gin", "se_cnn", "mbconv") for p in ("", "@bf16")),
-    # dqn-swap's zoo and the issue's MLP, in the same loop
+    # dqn-swap's zoo and the deep MLP, in the same loop
     "resnet_tiny:8", "resnet_tiny:8@bf16", "gpt_tiny:4", "gpt_tiny:4@bf16", "lstm_short:2", "mlp12:256",
     "hf:llama:4", "hf:vit:4@bf16"])
 

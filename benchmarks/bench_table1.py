@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             res["minimum_memory_gib"] = {int(b): m for b, m in res["minimum_memory_gib"].items()}
     else:
         result = run(args)
-        from bench_dqn import write_json
+        from common import write_json
 
         write_json(result, args.json)
     text = markdown(result)
