@@ -1,42 +1,86 @@
-"""Every planner of dqn-swap behind one name: the baselines of the papers, the exact planner and the DQN.
+"""Every planner of dqn-swap, registered by name: the DQN, the baselines of the papers, the exact
+planner and the simple rules.
 
+Importing this package registers each planner in the core's registry
+(:mod:`dqn_swap.planners`, which defines the contract :class:`~dqn_swap.planners.Planner`);
+the table below is the one place that names them, gives each its kind and its one-line summary.
 All produce the same :class:`~dqn_swap.plan.Plan` through
-``get_planner(name).plan(trace, memory_limit, profile)``.  Modules are imported
-on demand, so naming a baseline never loads the learning side.
+``get_planner(name).plan(trace, memory_limit, profile)``.  A planner's module is imported when
+the planner is first built, so naming a baseline never loads the learning side (torch).
+
+:func:`get_planner`, :func:`planner_names` and :func:`planner_help` are the registry's own,
+re-exported here so that whoever imports them from this package has every planner registered.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
-BASELINE_NAMES = ("none", "window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
-DQN_NAMES = ("dqn", "dqn-search")
-#: the exact planner (mixed-integer program on HiGHS) and its certified bound
-OPTIMAL_NAME = "optimal"
-PLANNER_NAMES = (*DQN_NAMES, *BASELINE_NAMES, OPTIMAL_NAME)
+from dqn_swap.planners import Planner, check_planner_name, get_planner, planner_help, planner_names, register
+
 #: How the ``dqn`` planner reads its Q-values (see :class:`dqn_swap.agents.dqn.planner.DQNPlanner`).
 DQN_DECODINGS = ("greedy", "cover", "auto")
 #: ``decode="auto"`` uses ``cover`` from this many action nodes up.
 AUTO_COVER_NODES = 2000
 
 
-def get_planner(name: str, *, agent: str | None = None, **settings: Any):  # noqa: ANN201
-    """The planner called ``name``; ``agent`` is the DQN checkpoint (default: the shipped one)."""
-    if name in DQN_NAMES:
-        from .dqn.planner import get_dqn_planner
+def _lazy(module: str, cls: str, *, agent: str | None = None) -> Callable[..., Planner]:
+    """A factory that imports ``module`` (relative to this package) when first called and builds ``cls``;
+    with ``agent``, the registry's ``agent`` goes to that parameter of ``cls``."""
 
-        return get_dqn_planner(name, agent, **settings)
-    if name in BASELINE_NAMES:
-        from .baselines import get_planner as get_baseline
+    def factory(**settings: Any) -> Planner:
+        planner_cls = getattr(importlib.import_module(module, __name__), cls)
+        if agent is not None and agent != "agent":
+            settings[agent] = settings.pop("agent")
+        return planner_cls(**settings)
 
-        return get_baseline(name, **settings)
-    if name == OPTIMAL_NAME:
-        from .optimal import OptimalPlanner
-
-        # the agent is the one the ``dqn`` incumbents plan with
-        return OptimalPlanner(**({"agent": agent} if agent is not None else {}), **settings)
-    raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(PLANNER_NAMES)}")
+    factory.__qualname__ = f"{module}.{cls}"
+    return factory
 
 
-__all__ = ["AUTO_COVER_NODES", "BASELINE_NAMES", "DQN_DECODINGS", "DQN_NAMES", "OPTIMAL_NAME", "PLANNER_NAMES",
-           "get_planner"]
+# name, kind, module, class, the parameter that takes the agent file (None: reads none), summary
+_PLANNERS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
+    ("dqn", "dqn", ".dqn.planner", "DQNPlanner", "agent_path",
+     "the trained structure2vec agent's own plan, greedy in its Q-values (DQN paper)"),
+    ("dqn-search", "dqn", ".dqn.planner", "DQNSearchPlanner", "agent_path",
+     "the agent with a one-step lookahead on its best actions, polished by local search"),
+    ("none", "baseline", ".baselines.none", "NonePlanner", None, "no actions"),
+    ("window", "baseline", ".baselines.window", "WindowPlanner", None,
+     "locally adaptive window scheduling (nnabla out-of-core paper)"),
+    ("greedy", "baseline", ".baselines.greedy", "GreedyPlanner", None,
+     "GREEDY eager prefix offloading (offloading paper)"),
+    ("dynprog", "baseline", ".baselines.dynprog", "DynProgPlanner", None,
+     "DYNPROG dynamic programming over offloads (offloading paper)"),
+    ("vdnn", "baseline", ".baselines.vdnn", "VdnnPlanner", None, "the vDNN heuristic"),
+    ("lru", "baseline", ".baselines.lru", "LruPlanner", None,
+     "SuperNeurons-style LRU swapping plus recomputation of cheap layers"),
+    ("tflms", "baseline", ".baselines.tflms", "TflmsPlanner", None,
+     "TFLMS swap-out threshold, tuned by simulation"),
+    ("sqrt-n", "baseline", ".baselines.sqrt_n", "SqrtNPlanner", None,
+     "Chen et al.'s sqrt(n) checkpointing with memonger's budget search, recompute only"),
+    ("layrub", "baseline", ".baselines.layrub", "LayrubPlanner", None, "Layrub's offloading of every activation"),
+    ("per-block", "switch", ".baselines.per_block", "PerBlockPlanner", None,
+     "per-layer activation checkpointing as Hugging Face's gradient_checkpointing_enable() applies it"),
+    ("offload-all", "switch", ".baselines.offload_all", "OffloadAllPlanner", None,
+     "torchtune's OffloadActivations: offload every saved activation of at least 1 KiB"),
+    ("offload-all+per-block", "switch", ".baselines.offload_all", "OffloadAllPerBlockPlanner", None,
+     "torchtune's activation offloading together with per-layer checkpointing"),
+    ("knapsack", "switch", ".baselines.knapsack", "KnapsackPlanner", None,
+     "torch.compile's activation-memory-budget 0/1 knapsack (dp), recompute only"),
+    ("optimal", "optimal", ".optimal", "OptimalPlanner", "agent",
+     "the exact planner: a mixed-integer program on HiGHS, with a certified bound"),
+    ("swap-all", "simple", ".simple", "SwapAllPlanner", None, "swap every activation"),
+    ("recompute-all", "simple", ".simple", "RecomputeAllPlanner", None,
+     "recompute every activation the simulator allows to"),
+    ("greedy-swap", "simple", ".simple", "GreedySwapPlanner", None, "swap the largest activations until the plan fits"),
+)
+
+for _name, _kind, _module, _cls, _agent, _summary in _PLANNERS:
+    register(_name, _lazy(_module, _cls, agent=_agent), kind=_kind, summary=_summary, takes_agent=_agent is not None)
+del _name, _kind, _module, _cls, _agent, _summary
+
+
+__all__ = ["AUTO_COVER_NODES", "DQN_DECODINGS", "check_planner_name", "get_planner", "planner_help",
+           "planner_names"]

@@ -110,13 +110,11 @@ def _figures(trace, plan, limit):
 
 
 def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
-    from dqn_swap.agents.baselines import get_planner
+    from dqn_swap.agents import get_planner, planner_names
     from dqn_swap.agents.dqn import DQNPlanner, DQNSearchPlanner
-
-    from dqn_swap.agents.baselines import PLANNERS
     from dqn_swap.cost import get_profile
 
-    names = [n for n in PLANNERS if n not in ("dqn", "dqn-search")]
+    names = list(planner_names("baseline"))
     prof = get_profile(PROFILE)
     agents_dir = Path(args.agents) if args.agents else None
     cache = json.loads(CACHE.read_text()) if CACHE.exists() and not args.fresh else {}

@@ -154,7 +154,8 @@ def overhead(args: argparse.Namespace) -> int:
     import torch
 
     from dqn_swap.agents import get_planner
-    from dqn_swap.runtime import PlannedExecution, make_plan
+    from dqn_swap.planners import manual_plan
+    from dqn_swap.runtime import PlannedExecution
     from dqn_swap.trace import resolve_memory_limit
     from machine import machine
 
@@ -164,7 +165,7 @@ def overhead(args: argparse.Namespace) -> int:
         name, batch = split_model_spec(item)
         trace = record(name, int(batch))
         limit = resolve_memory_limit(trace, args.limit)
-        plans = {"empty plan": make_plan(trace, planner="empty")}
+        plans = {"empty plan": manual_plan(trace, planner="empty")}
         for planner in args.planners.split(","):  # the shipped agent's, then others for comparison
             plans[f"{planner} plan ({args.limit})"] = get_planner(planner).plan(trace, limit)
         runs: dict[str, Any] = {}
@@ -307,7 +308,7 @@ def memory(args: argparse.Namespace) -> int:
     """
     import torch
 
-    from dqn_swap.cli.experiment import get_run_planner
+    from dqn_swap.agents import get_planner
     from dqn_swap.simulator import instant_copy_peak, simulate
     from dqn_swap.trace import resolve_memory_limit
     from machine import commit, machine
@@ -330,7 +331,7 @@ def memory(args: argparse.Namespace) -> int:
         for planner in args.planners.split(","):
             for pct in args.limits.split(","):
                 limit = resolve_memory_limit(trace, pct)
-                plan = get_run_planner(planner).plan(trace, limit)
+                plan = get_planner(planner).plan(trace, limit)
                 result = simulate(trace, plan)
                 if not plan.actions or not result.feasible:
                     continue

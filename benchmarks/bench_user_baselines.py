@@ -39,31 +39,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine import commit, machine, relative_paths  # noqa: E402
+from machine import relative_paths  # noqa: E402
 
 from dqn_swap.files import write_text  # noqa: E402
 
 PROFILE = "v100-pcie3"
 MODELS = (("resnet50", 64), ("gpt", 8), ("hf:llama", 8))
 LIMITS = (0.9, 0.7, 0.5, 0.3)
-USER = ("per-block", "offload-all", "offload-all+per-block", "knapsack")
+USER = ("per-block", "offload-all", "offload-all+per-block", "knapsack")  # planner_names("switch")
 
 
 def user_planners() -> dict[str, Any]:
-    """The user switches, by name (made directly: they are not in the registry's list)."""
-    from dqn_swap.agents.baselines.knapsack import KnapsackPlanner
-    from dqn_swap.agents.baselines.offload_all import OffloadAllPerBlockPlanner, OffloadAllPlanner
-    from dqn_swap.agents.baselines.per_block import PerBlockPlanner
+    """The switches users reach for, by name (the registry's kind ``switch``)."""
+    from dqn_swap.agents import get_planner, planner_names
 
-    return {cls.name: cls() for cls in (PerBlockPlanner, OffloadAllPlanner, OffloadAllPerBlockPlanner,
-                                        KnapsackPlanner)}
+    return {name: get_planner(name) for name in planner_names("switch")}
 
 
 def existing_baselines() -> tuple[str, ...]:
     """The papers' baselines that plan something (all but ``none``)."""
-    from dqn_swap.agents import BASELINE_NAMES
+    from dqn_swap.agents import planner_names
 
-    return tuple(n for n in BASELINE_NAMES if n != "none")
+    return tuple(n for n in planner_names("baseline") if n != "none")
 
 
 def record(model: str, batch: int) -> Any:
@@ -160,9 +157,9 @@ def markdown(result: dict[str, Any]) -> str:
              "peak (100 %).  Overhead is `(makespan - compute) / compute` from `dqn_swap.simulator.simulate`; "
              "`x dqn` and `x best` are the switch's makespan over `dqn`'s and over the best existing "
              "baseline's (both feasible); `infeasible`: the plan does not fit.", "",
-             f"Command: `{result['command']}`  ", f"Commit: `{result['commit']['commit']}`"
-             + (f" (modified: {', '.join(result['commit']['modified'])})" if result['commit']['modified'] else "")
-             + "  ", f"Machine: {result['machine']}", ""]
+             f"Command: `{result['command']}`  ", f"Commit: `{result['commit']}`"
+             + (f" (modified: {', '.join(result['modified'])})" if result['modified'] else "")
+             + f", {result['date']}  ", f"Machine: {result['machine']}", ""]
     for m in result["models"]:
         lines += [f"## {m['model']}, batch {m['batch_size']}", "",
                   f"{m['n_ops']} ops, compute {m['compute_s'] * 1e3:.1f} ms; one re-run of the blocks' forward ops: "
@@ -218,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--limits must be fractions in (0, 1]")
     t0 = time.process_time()
     result = bench(models, args.limits)
-    result = {"command": " ".join(["python", *sys.argv]), "commit": commit(), "machine": machine(),
-              "cpu_s": round(time.process_time() - t0, 1), **result}
+    from common import provenance
+
+    result = {**provenance(), "cpu_s": round(time.process_time() - t0, 1), **result}
     result = relative_paths(result)
     text = markdown(result)
     print(text)

@@ -1,9 +1,12 @@
-"""The shipped DQN agents (package data: ``dqn_swap.checkpoints``); ``README.md`` says how each was trained."""
+"""The shipped agents: agent files (:mod:`dqn_swap.agents.dqn.agent_file`) of trained DQN agents,
+installed with the package as data of ``dqn_swap.checkpoints`` (the repository's ``checkpoints/``
+folder); ``default.pt`` is the one the ``dqn`` planners read unless given another.  ``README.md``
+says how each was trained."""
 
 from importlib.resources import files
 from pathlib import Path
 
 
 def path(name: str) -> Path:
-    """The file of shipped agent ``name`` (``"default.pt"``, ``"grid/resnet50.pt"``)."""
+    """The agent file of the shipped agent ``name`` (``"default.pt"``, ``"grid/resnet50.pt"``)."""
     return Path(str(files(__name__) / name))

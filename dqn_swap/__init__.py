@@ -12,8 +12,10 @@ What this module re-exports, and what it imports:
 * **on first use** (module ``__getattr__``, table ``_LAZY``): :func:`record_trace`
   (:mod:`dqn_swap.recorder`), :func:`simulate` and :class:`Simulator` (:mod:`dqn_swap.simulator`)
   and :func:`autoplan` (:mod:`dqn_swap.user_loop`) from the core, and two names from above it:
-  :func:`get_planner` from :mod:`dqn_swap.agents` (the planners) and :class:`PlannedExecution`
-  from :mod:`dqn_swap.runtime`.
+  :func:`get_planner` from :mod:`dqn_swap.agents` and :class:`PlannedExecution` from
+  :mod:`dqn_swap.runtime`.  ``get_planner`` is the planner registry's own
+  (:mod:`dqn_swap.planners`, in the core); it is taken from the agents because importing them is
+  what registers every planner.
 
 Those two, and :func:`autoplan`, which plans with the agents and trains with the runtime, are
 the only arrows from the core up to the agents or the runtime: the package's face for users

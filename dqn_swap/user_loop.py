@@ -272,6 +272,15 @@ def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bo
     return key, desc
 
 
+def batch_size_of(args: tuple, kwargs: dict) -> int | None:
+    """The batch size of a call of the model: the leading dimension its tensor arguments (keyword
+    ones and those nested in containers included) all share; ``None`` where it is ambiguous (no
+    tensor with a dimension, or leading dimensions that differ)."""
+    leaves, _ = tree_flatten_with_path((args, kwargs))
+    dims = {int(x.shape[0]) for _, x in leaves if isinstance(x, torch.Tensor) and x.dim() > 0}
+    return dims.pop() if len(dims) == 1 else None
+
+
 # --------------------------------------------------------------------------- entries
 @dataclass
 class Entry:
@@ -292,6 +301,7 @@ class _Recording:
     tracker: ModuleTracker
     timeline: Any
     start_bytes: int
+    batch_size: int | None = None  # batch_size_of the call; None where it is ambiguous
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     fb: contextlib.ExitStack | None = None  # forward and backward: hooks and the dispatch mode
     opt: contextlib.ExitStack | None = None  # the optimizer's step
@@ -339,10 +349,12 @@ class AutoPlan:
         expect(planner_options, dict, "planner_options", none=True)
         expect(runtime_options, dict, "runtime_options", none=True)
         expect(allow_infeasible, bool, "allow_infeasible")
-        from .agents import PLANNER_NAMES
+        from .agents import check_planner_name
 
-        if planner not in PLANNER_NAMES:
-            raise AutoPlanError(f"unknown planner {planner!r}; choose one of: {', '.join(PLANNER_NAMES)}")
+        try:
+            check_planner_name(planner)
+        except ValueError as e:
+            raise AutoPlanError(str(e)) from None
         from .limits import MemoryLimit
 
         MemoryLimit.parse(memory_limit)  # a malformed limit is refused now, not at the first step
@@ -484,7 +496,7 @@ class AutoPlan:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             start = torch.cuda.memory_allocated(dev)
-        rec = _Recording(recorder, key, desc, _ModuleTracker(), timeline, start)
+        rec = _Recording(recorder, key, desc, _ModuleTracker(), timeline, start, batch_size=batch_size_of(args, kwargs))
         if timeline is not None:
             rec.stack.enter_context(timeline)
         self._recording = rec
@@ -578,6 +590,8 @@ class AutoPlan:
                 "recorded_iterations": 1, "scratch": "measured", "recorded_by": "autoplan",
                 "model": type(self.model).__name__, "signature": rec.description,
                 "torch": torch.__version__}
+        if rec.batch_size is not None:
+            meta["batch_size"] = rec.batch_size
         if recorder.unannotated:
             meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
         try:
@@ -627,7 +641,9 @@ class AutoPlan:
     def _runtime(self, entry: Entry) -> Any:
         if entry.runtime is None:
             from .runtime import PlannedExecution
+            from .simulator import schedule_plan
 
+            entry.plan = schedule_plan(entry.trace, entry.plan)  # a version 1 plan file has none
             opts = dict(self.runtime_options)
             if self.allow_infeasible:
                 opts.setdefault("allow_infeasible", True)
@@ -735,4 +751,4 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
                     allow_infeasible=allow_infeasible, new_shapes=new_shapes, **options)
 
 
-__all__ = ["AutoPlan", "AutoPlanError", "Entry", "autoplan", "signature"]
+__all__ = ["AutoPlan", "AutoPlanError", "Entry", "autoplan", "batch_size_of", "signature"]

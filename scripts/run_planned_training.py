@@ -17,7 +17,7 @@ trace's minimum memory to its unplanned peak, as everywhere in dqn-swap;
 Examples::
 
     python scripts/run_planned_training.py resnet50 --batch-size 64 --limit 50% --planner greedy
-    python scripts/run_planned_training.py gpt --batch-size 8 --limit 0.5x --max-batch planned,checkpoint
+    python scripts/run_planned_training.py gpt --batch-size 8 --limit 0.5x --max-batch planned,torch-checkpoint
     python scripts/run_planned_training.py mlp_tiny --device cpu --planner swap-all --steps 2
 """
 

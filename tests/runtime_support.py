@@ -21,7 +21,8 @@ from torch import nn
 from dqn_swap.models import build_workload
 from dqn_swap.plan import Plan
 from dqn_swap.recorder import record_trace
-from dqn_swap.runtime import PlannedExecution, make_plan, recomputable_activations, saved_activations
+from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations
+from dqn_swap.runtime import PlannedExecution
 from dqn_swap.runtime.recompute import leaves
 from dqn_swap.trace import Trace
 
@@ -248,8 +249,8 @@ def hand_plan(name: str, kind: str) -> Plan:
     acts = saved_activations(trace)
     rec = recomputable_activations(trace)
     if kind == "swap":
-        return make_plan(trace, swap=acts, planner="swap-all")
+        return manual_plan(trace, swap=acts, planner="swap-all")
     if kind == "recompute":
-        return make_plan(trace, recompute=rec, planner="recompute-all")
+        return manual_plan(trace, recompute=rec, planner="recompute-all")
     removed = set(rec[1::2]) or set(rec[:1])  # every other one; the only one where there is one
-    return make_plan(trace, swap=[t for t in acts if t not in removed], recompute=sorted(removed), planner="mixed")
+    return manual_plan(trace, swap=[t for t in acts if t not in removed], recompute=sorted(removed), planner="mixed")

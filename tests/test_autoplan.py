@@ -134,9 +134,20 @@ def test_the_recorded_step_is_the_iteration_record_trace_sees() -> None:
     assert [trace.op_names[i] for i in trace.op_name] == [got.op_names[i] for i in got.op_name]
     assert got.peak_bytes == trace.peak_bytes and got.minimum_memory >= trace.minimum_memory  # the caller holds its inputs
     assert not got.meta.get("inputs_released") and not got.movable[got.tensor_role == 3].any()  # the loop holds them
+    assert got.meta["model"] == "DictNet" and got.meta["batch_size"] == 256  # the features' and labels' leading dim
 
 
-@pytest.mark.parametrize("planner", ["lru", "checkpoint", "greedy", "dqn"])
+def test_the_batch_size_is_the_leading_dimension_all_tensor_arguments_share() -> None:
+    from dqn_swap.user_loop import batch_size_of
+
+    x, y = torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)
+    assert batch_size_of((x,), {"labels": y, "mask": None, "scale": 2.0}) == 8
+    assert batch_size_of(({"input_ids": x, "extra": [y]},), {}) == 8  # nested in containers
+    assert batch_size_of((x, torch.zeros(4)), {}) is None  # leading dimensions differ: ambiguous
+    assert batch_size_of((torch.tensor(1.0),), {"n": 3}) is None  # no tensor with a dimension
+
+
+@pytest.mark.parametrize("planner", ["lru", "sqrt-n", "greedy", "dqn"])
 def test_planned_loop_is_bit_identical_to_the_plain_loop(planner: str) -> None:
     data = batches(8)
     a, oa, _, la = run(fresh(), data)
@@ -194,7 +205,7 @@ def test_two_forward_passes_in_one_step_are_refused() -> None:
 def test_an_infeasible_plan_is_refused_unless_asked_for() -> None:
     data = batches(4)
     with pytest.raises(AutoPlanError, match="found no plan under .*allow_infeasible=True"):
-        run(fresh(), data, {"memory_limit": "0%", "planner": "checkpoint"})
+        run(fresh(), data, {"memory_limit": "0%", "planner": "sqrt-n"})
 
 
 def test_plans_saved_and_given_back_start_planned(tmp_path: Path) -> None:
@@ -261,7 +272,7 @@ def test_hugging_face_model_called_with_its_batch() -> None:
         return model, opt, planned
 
     a, oa, _ = loop(gpt(), None)
-    b, ob, planned = loop(gpt(), {"memory_limit": "40%", "planner": "checkpoint"})
+    b, ob, planned = loop(gpt(), {"memory_limit": "40%", "planner": "sqrt-n"})
     assert_same_state(a, oa, b, ob)
     assert planned.last == "planned" and planned.stats.recompute_removed > 0
 

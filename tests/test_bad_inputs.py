@@ -30,14 +30,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with a good trace, a plan made for it, an agent, and bad versions of each."""
     from dqn_swap.models import build_workload
     from dqn_swap.recorder import record_trace
-    from dqn_swap.runtime import make_plan, saved_activations
+    from dqn_swap.planners import manual_plan, saved_activations
 
     d = tmp_path_factory.mktemp("bad")
     w = build_workload("resnet_tiny", 2, "meta")
     trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta",
                          meta={"model": "resnet_tiny", "batch_size": 2})
     trace.save(d / TRACE)
-    plan = make_plan(trace, swap=saved_activations(trace)[:3])
+    plan = manual_plan(trace, swap=saved_activations(trace)[:3])
     plan.save(d / PLAN)
     shutil.copy(Path(__file__).resolve().parents[1] / "checkpoints" / "default.pt", d / AGENT)
 
@@ -174,8 +174,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["plan", TRACE, "-m", "50%", "--decode", "nosuch", "-o", "q.json"], "--decode"),
     (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "missing.pt", "-o", "q.json"], "missing.pt"),
     # agents
-    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "nan.pt", "-o", "q.json"], "nan.pt: corrupt checkpoint"),
-    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "t0.pt", "-o", "q.json"], "t0.pt: corrupt checkpoint"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "nan.pt", "-o", "q.json"], "nan.pt: corrupt agent file"),
+    (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "t0.pt", "-o", "q.json"], "t0.pt: corrupt agent file"),
     (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "thuge.pt", "-o", "q.json"], "thuge.pt"),
     (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "pbool.pt", "-o", "q.json"], "pbool.pt"),
     (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--agent", "v99.pt", "-o", "q.json"], "v99.pt"),
@@ -196,7 +196,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["train", TRACE, "-m", "50%", "-o", AGENT], "agent.pt: already exists"),
     (["train", "missing.trace", "-m", "50%", "-o", "a.pt"], "missing.trace"),
     (["finetune", TRACE, "--from", "missing.pt", "-o", "a.pt"], "missing.pt"),
-    (["finetune", TRACE, "--from", "nan.pt", "-o", "a.pt"], "nan.pt: corrupt checkpoint"),
+    (["finetune", TRACE, "--from", "nan.pt", "-o", "a.pt"], "nan.pt: corrupt agent file"),
     (["finetune", TRACE, "--from", "text.pt", "-o", "a.pt"], "text.pt"),
     # run
     (["run", "--model", "mlp_tiny", "-m", "infx", "--device", "cpu"], "not a finite number"),

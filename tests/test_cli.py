@@ -88,10 +88,10 @@ def test_an_infeasible_plan_says_where_and_why_the_method_stops(tmp_path, capsys
     file keeps it, and a planner that can reach it says nothing of the kind."""
     trace = tmp_path / "r.trace"
     assert run(["record", "--model", "resnet_tiny", "--batch-size", "8", "-o", str(trace)], capsys)[0] == 0
-    code, out, _ = run(["plan", str(trace), "-m", "0%", "--planner", "checkpoint", "-o", str(tmp_path / "c.json")],
+    code, out, _ = run(["plan", str(trace), "-m", "0%", "--planner", "sqrt-n", "-o", str(tmp_path / "c.json")],
                        capsys)
     assert code == 1
-    lines = [ln for ln in out.splitlines() if ln.startswith(("infeasible:", "checkpoint cannot"))]
+    lines = [ln for ln in out.splitlines() if ln.startswith(("infeasible:", "sqrt-n cannot"))]
     assert lines[0].startswith("infeasible: #") and "recompute only: it never swaps" in lines[1]
     assert "never swaps" in json.loads((tmp_path / "c.json").read_text())["settings"]["limitation"]
     code, out, _ = run(["simulate", str(trace), "-m", "0%", "--planner", "window"], capsys)

@@ -98,7 +98,7 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
     from dqn_swap.plan import Plan
 
     path, summary = agent
-    assert summary["checkpoint"] == str(path) and summary["steps"] == 300
+    assert summary["agent_file"] == str(path) and summary["steps"] == 300
     assert summary["last_evaluation"]["step"] == 300 and "score" in summary["best"]
     assert summary["memory_limits"] == ["90%", "50%"]
     assert (folder / "agent.png").stat().st_size > 1000
@@ -170,7 +170,7 @@ def test_finetune_from_the_trained_agent(agent, mlp, tmp_path, capsys):
                           "--threads", "1", "--log-dir", "none", "--json"], capsys)
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["steps"] == 100 and summary["checkpoint"] == str(out_path)
+    assert summary["steps"] == 100 and summary["agent_file"] == str(out_path)
     _, config, ckpt = load_agent(out_path)
     assert ckpt["training"]["init_from"] == str(source)
     assert config.start_e == 0.2 and config.p == 8  # the source's network, less exploration
@@ -180,7 +180,7 @@ def test_finetune_from_the_trained_agent(agent, mlp, tmp_path, capsys):
 def test_finetune_missing_source_one_line(mlp, tmp_path, capsys):
     code, _, err = run(["finetune", str(mlp), "--from", str(tmp_path / "none.pt"), "-o", str(tmp_path / "x.pt")],
                        capsys)
-    one_line_error(code, err, "no such agent checkpoint")
+    one_line_error(code, err, "no such agent file")
 
 
 # --------------------------------------------------------------------------- run
@@ -193,7 +193,7 @@ def test_run_on_cpu_prints_a_table_and_writes_json(tmp_path, capsys):
     assert "planned_peak_within_limit: True" in out and "predicted_peak_bytes" in out
     report = json.loads(report_path.read_text())
     assert {m: r["status"] for m, r in report["methods"].items()} == {
-        "unplanned": "ok", "planned": "ok", "checkpoint": "ok", "save_on_cpu": "ok"}
+        "unplanned": "ok", "planned": "ok", "torch-checkpoint": "ok", "save_on_cpu": "ok"}
     # The CPU's measured peak beside the limit and the prediction of the plan's schedule.
     comparison = report["comparison"]
     assert comparison["planned_peak_allocated"] <= report["memory_limit"]
@@ -242,9 +242,9 @@ def test_run_bad_input_one_line(args, message, capsys):
 
 def test_run_script_and_subcommand_share_names():
     from dqn_swap.cli import run_cmd
-    from dqn_swap.cli.experiment import BUILTIN_PLANNERS, METHODS
+    from dqn_swap.cli.experiment import METHODS, RENAMED_METHODS
 
-    assert run_cmd.METHOD_NAMES == METHODS and run_cmd.RUNTIME_PLANNERS == BUILTIN_PLANNERS
+    assert run_cmd.METHOD_NAMES == METHODS and run_cmd.RENAMED_METHODS == RENAMED_METHODS
 
 
 def load_script(name):
@@ -465,10 +465,10 @@ def test_percent_has_no_negative_zero():
 
 
 def test_every_planner_has_its_own_plot_style_and_the_legend_is_outside(resnet, tmp_path, monkeypatch):
-    from dqn_swap.agents import PLANNER_NAMES
+    from dqn_swap.agents import planner_names
     from dqn_swap.cli import compare_cmd
 
-    names = [*PLANNER_NAMES, "extra-1", "extra-2", "extra-3"]
+    names = [*planner_names(), "extra-1", "extra-2", "extra-3"]
     assert len(names) >= 12
     styles = compare_cmd.planner_styles(names)
     keys = {(s["color"], s["marker"], s["linestyle"]) for s in styles.values()}
@@ -490,7 +490,7 @@ def test_every_planner_has_its_own_plot_style_and_the_legend_is_outside(resnet, 
         assert box.x0 >= axes_box.x1  # right of the axes: it covers no curve
 
 
-def test_compare_says_why_checkpoint_does_not_apply_to_a_recurrence():
+def test_compare_says_why_sqrt_n_does_not_apply_to_a_recurrence():
     from dqn_swap.cli.compare_cmd import compare_grid, markdown_table
     from dqn_swap.models.rnn import CharLSTM
     from dqn_swap.recorder import record_trace
@@ -499,9 +499,9 @@ def test_compare_says_why_checkpoint_does_not_apply_to_a_recurrence():
     trace = record_trace(CharLSTM(vocab=11, hidden=16, layers=2), torch.randint(0, 11, (2, 12)),
                          lambda out: out.sum(), lambda p: torch.optim.SGD(p, lr=0.1), device="meta",
                          meta={"model": "char-lstm"})
-    rows = compare_grid({"lstm": trace}, ["50%"], ["greedy", "checkpoint"])
-    cell = next(r for r in rows if r["planner"] == "checkpoint")
+    rows = compare_grid({"lstm": trace}, ["50%"], ["greedy", "sqrt-n"])
+    cell = next(r for r in rows if r["planner"] == "sqrt-n")
     assert not cell["feasible"] and cell["not_applicable"].startswith("not applicable: the forward graph has")
     table = markdown_table(rows)
     assert f"not applicable: fails at #{cell['fails_at_op']}" in table
-    assert f"`checkpoint` is {cell['not_applicable']}." in table
+    assert f"`sqrt-n` is {cell['not_applicable']}." in table

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dqn_swap.agents import PLANNER_NAMES, get_planner  # noqa: E402
+from dqn_swap.agents import get_planner, planner_names  # noqa: E402
 from dqn_swap.models import build_workload  # noqa: E402
 from dqn_swap.recorder import record_trace  # noqa: E402
 from dqn_swap.simulator import simulate  # noqa: E402
@@ -39,7 +39,7 @@ def test_records_on_meta_with_the_structure_of_the_cpu_trace(name: str) -> None:
 def test_every_planner_plans_it(name: str) -> None:
     trace = trace_of(name)
     limit = resolve_memory_limit(trace, "50%")
-    for planner in PLANNER_NAMES:
+    for planner in planner_names():
         plan = get_planner(planner).plan(trace, limit)
         result = simulate(trace, plan)
         assert result.peak_bytes <= limit or not result.feasible

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from dqn_swap.cli import main
 from dqn_swap.cli.experiment import _resolve_limit
 from dqn_swap.limits import MemoryLimit, MemoryLimitError, resolve_limit
-from dqn_swap.runtime import PlannedExecution, make_plan
+from dqn_swap.planners import manual_plan
+from dqn_swap.runtime import PlannedExecution
 from dqn_swap.trace import resolve_memory_limit
 from dqn_swap.env import SwapRecomputeEnv
 from dqn_swap.units import format_bytes
@@ -48,7 +49,7 @@ def test_every_layer_resolves_every_form_alike(trace, data) -> None:  # noqa: AN
     assert resolve_limit(trace, spec) == expected
     assert SwapRecomputeEnv(trace, spec).memory_limit == expected
     assert _resolve_limit(spec, trace, trace.peak_bytes) == expected
-    assert PlannedExecution(None, make_plan(trace), trace, memory_limit=spec).memory_limit == expected
+    assert PlannedExecution(None, manual_plan(trace), trace, memory_limit=spec).memory_limit == expected
     if not isinstance(spec, MemoryLimit):
         assert resolve_memory_limit(trace, spec) == expected
 
@@ -69,7 +70,7 @@ def test_the_command_line_agrees(trace, trace_file, capsys, spec) -> None:  # no
 ])
 def test_bad_forms_are_refused_alike(trace, trace_file, capsys, spec, message) -> None:  # noqa: ANN001
     for resolve in (lambda: resolve_limit(trace, spec), lambda: SwapRecomputeEnv(trace, spec),
-                    lambda: PlannedExecution(None, make_plan(trace), trace, memory_limit=spec)):
+                    lambda: PlannedExecution(None, manual_plan(trace), trace, memory_limit=spec)):
         with pytest.raises(MemoryLimitError, match=message):
             resolve()
     if isinstance(spec, str) and spec:

@@ -19,7 +19,8 @@ from torch import nn
 
 from dqn_swap.cli.experiment import measured_cpu_peak
 from dqn_swap.recorder import record_trace
-from dqn_swap.runtime import PlannedExecution, make_plan, saved_activations
+from dqn_swap.planners import manual_plan, saved_activations
+from dqn_swap.runtime import PlannedExecution
 from dqn_swap.simulator import Simulator, instant_copy_peak, simulate
 from dqn_swap.trace import Role, resolve_memory_limit
 
@@ -98,7 +99,7 @@ def test_a_local_holding_a_saved_activation_is_recorded() -> None:
     assert trace.tensor_held_op[h] > last_use  # held past its last forward use, by the local
     assert trace.leave_op[h] == trace.tensor_held_op[h]
     # a swap of h takes effect only then: the simulator keeps it on the device until the holder goes
-    plan = make_plan(trace, swap=[h])
+    plan = manual_plan(trace, swap=[h])
     need = Simulator(trace, plan.memory_limit).memory_need(plan.actions)
     assert np.all(need[last_use + 1:trace.tensor_held_op[h] + 1] == trace.op_memory[last_use + 1:trace.tensor_held_op[h] + 1])
 
@@ -108,7 +109,7 @@ def test_a_swap_of_a_held_activation_frees_it_when_its_holder_lets_go() -> None:
     model, inputs, loss_fn, make_opt = build()
     trace = record_trace(model, inputs, loss_fn, make_opt, device="cpu")
     for t in saved_activations(trace):
-        plan = make_plan(trace, swap=[t])
+        plan = manual_plan(trace, swap=[t])
         measured, predicted = _measure(build, trace, plan)
         assert measured <= plan.memory_limit
         assert 0.95 * predicted <= measured <= predicted, (t, measured, predicted)
@@ -123,7 +124,7 @@ def test_gcn_dropout_output_swapped_alone_is_as_predicted() -> None:
     held = [t for t in saved_activations(trace) if trace.leave_op[t] > trace.action_window[0][t]]
     assert held, "the GCN's layer inputs are held by the caller past their last forward use"
     big = max(held, key=lambda t: trace.tensor_nbytes[t])
-    measured, predicted = _measure(build, trace, make_plan(trace, swap=[big]))
+    measured, predicted = _measure(build, trace, manual_plan(trace, swap=[big]))
     assert 0.95 * predicted <= measured <= predicted, (measured, predicted)
 
 
@@ -337,7 +338,7 @@ def test_numbers_autograd_saves_live_until_backward_and_no_gradient_is_held_long
     muls = [i for i in range(trace.n_ops) if trace.op_names[trace.op_name[i]] == "aten.mul" and trace.op_phase[i] == 0]
     h = [t for t in np.flatnonzero(trace.tensor_alloc_op == muls[0]) if trace.tensor_role[t] == Role.SAVED]
     assert len(h) == 1
-    measured, predicted = _measure(build, trace, make_plan(trace, recompute=h))
+    measured, predicted = _measure(build, trace, manual_plan(trace, recompute=h))
     assert 0.95 * predicted <= measured <= predicted, (measured, predicted)
 
 
@@ -371,7 +372,7 @@ def test_a_recomputed_random_op_holds_no_generator_state() -> None:
     rand, gt = name.index("aten.rand_like"), name.index("aten.gt")
     mask = int(trace.event_tensor[(trace.event_op == gt) & (trace.event_kind == 0)][0])
     assert mask in saved_activations(trace)
-    plan = make_plan(trace, recompute=[mask])
+    plan = manual_plan(trace, recompute=[mask])
     assert rand in simulate(trace, plan).recompute_ops
     measured, predicted = _measure(build, trace, plan)
     assert 0.95 * predicted <= measured <= predicted, (measured, predicted)

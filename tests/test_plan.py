@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dqn_swap.plan import Plan, PlanError, RecomputeStep, Schedule
-from dqn_swap.runtime import make_plan, recomputable_activations, saved_activations
+from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations
 from dqn_swap.simulator import schedule_plan, simulate
 
 from .runtime_support import trace_of
@@ -18,7 +18,7 @@ def mixed_plan():  # noqa: ANN201
     trace = trace_of("resnet_tiny")
     rec = recomputable_activations(trace)
     swap = [t for t in saved_activations(trace) if t not in rec[::2]]
-    return trace, make_plan(trace, swap=swap, recompute=rec[::2])
+    return trace, manual_plan(trace, swap=swap, recompute=rec[::2])
 
 
 def test_round_trip_keeps_the_schedule(tmp_path) -> None:

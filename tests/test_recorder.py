@@ -215,7 +215,8 @@ def test_pack_and_module_call_anchors():
 def test_an_unannotated_write_to_a_buffer_is_detected_and_protected():
     """A custom op whose schema does not say it writes its second argument (as batch norm's running
     statistics are written): the recorder notices on the CPU, and a re-run writes a copy."""
-    from dqn_swap.runtime import PlannedExecution, make_plan, recomputable_activations
+    from dqn_swap.planners import manual_plan, recomputable_activations
+    from dqn_swap.runtime import PlannedExecution
 
     lib = torch.library.Library("dqnswaptest", "DEF")  # noqa: TOR901
     lib.define("scale_and_count(Tensor x, Tensor counter) -> Tensor")
@@ -256,7 +257,7 @@ def test_an_unannotated_write_to_a_buffer_is_detected_and_protected():
     made = [t for t in recomputable_activations(trace)
             if trace.op_names[trace.op_name[trace.tensor_alloc_op[t]]] == "dqnswaptest.scale_and_count"]
     assert made
-    ref, got = run(), run(make_plan(trace, recompute=made), trace)
+    ref, got = run(), run(manual_plan(trace, recompute=made), trace)
     assert torch.equal(ref["counter"], got["counter"]) and float(got["counter"]) == 2.0
     for key in ref:
         assert torch.equal(ref[key], got[key])

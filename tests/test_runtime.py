@@ -18,8 +18,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from dqn_swap.plan import Action, ActionKind, Plan, PlanError, RecomputeStep, Schedule
-from dqn_swap.runtime import (PlannedExecution, PlannedOutOfMemoryError, RecomputeError, TraceMismatchError,
-                              build_index, make_plan, recomputable_activations, saved_activations)
+from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations
+from dqn_swap.runtime import PlannedExecution, PlannedOutOfMemoryError, RecomputeError, TraceMismatchError, build_index
 from dqn_swap.runtime.execution import HeldInputWarning
 from dqn_swap.simulator import simulate
 from dqn_swap.trace import resolve_memory_limit
@@ -28,7 +28,7 @@ from .runtime_support import (MODELS, STEPS, assert_same_training, hand_plan, re
                               train)
 
 # Plans of the papers' planners at 30 % (swap-only, recompute-only, mixed), beside hand-made ones.
-PLANNERS = {"greedy": "swap", "checkpoint": "recompute", "lru": "mixed", "dqn": "any"}
+PLANNERS = {"greedy": "swap", "sqrt-n": "recompute", "lru": "mixed", "dqn": "any"}
 
 
 def planner_plan(name: str, planner: str) -> Plan:
@@ -97,7 +97,7 @@ def test_batch_norm_running_statistics_are_not_updated_by_recomputation() -> Non
     bn_inputs = [t for t in recomputable_activations(trace)
                  if trace.op_names[trace.op_name[trace.tensor_alloc_op[t]]] == "aten.convolution"]
     assert bn_inputs
-    got = train(name, make_plan(trace, recompute=bn_inputs), steps=1)
+    got = train(name, manual_plan(trace, recompute=bn_inputs), steps=1)
     ref = train(name, steps=1)
     assert torch.equal(got.state["body.1.running_mean"], ref.state["body.1.running_mean"])
     assert torch.equal(got.state["body.1.num_batches_tracked"], ref.state["body.1.num_batches_tracked"])
@@ -122,7 +122,7 @@ def test_a_persistent_tensor_is_re_read_as_the_forward_pass_read_it() -> None:
 
 def test_a_parameter_changed_between_forward_and_backward_is_refused() -> None:
     trace = trace_of("mlp_tiny")
-    plan = make_plan(trace, recompute=recomputable_activations(trace))
+    plan = manual_plan(trace, recompute=recomputable_activations(trace))
     w = MODELS["mlp_tiny"]()
     rt = PlannedExecution(w.model, plan, trace)
     with pytest.raises(RecomputeError, match="modified in place after the forward pass read it"):
@@ -142,7 +142,7 @@ def test_dropout_masks_are_drawn_again_exactly() -> None:
                    if trace.op_names[trace.op_name[trace.tensor_alloc_op[t]]] == "aten.native_dropout"]
     assert random_made
     # exactness: at the unplanned peak as its limit the re-runs do not fit (the plan is infeasible)
-    got = train(name, make_plan(trace, recompute=random_made), allow_infeasible=True)
+    got = train(name, manual_plan(trace, recompute=random_made), allow_infeasible=True)
     assert_same_training(name, got)
     assert got.runtime.stats.recomputed == len(random_made)
 
@@ -165,7 +165,11 @@ def test_the_runtime_follows_the_schedule() -> None:
     assert stats.replayed_ops == sum(len(steps) for _, steps in plan.schedule.recompute)
 
 
-def test_a_version_1_plan_gets_its_schedule_from_the_simulator(tmp_path) -> None:
+def test_a_version_1_plan_is_refused_until_the_simulator_schedules_it(tmp_path) -> None:
+    """The runtime never plans: a plan without a schedule is refused with one line naming
+    ``schedule_plan``, and the plan it schedules trains as the scheduled original does."""
+    from dqn_swap.simulator import schedule_plan
+
     name = "resnet_tiny"
     trace = trace_of(name)
     plan = hand_plan(name, "mixed")
@@ -178,7 +182,10 @@ def test_a_version_1_plan_gets_its_schedule_from_the_simulator(tmp_path) -> None
     path.write_text(json.dumps(v1))
     old = Plan.load(path, trace)
     assert old.schedule is None
-    got = train(name, old)
+    with pytest.raises(ValueError, match=r"has no schedule.*dqn_swap\.simulator\.schedule_plan\(trace, plan\)") as err:
+        PlannedExecution(None, old, trace)
+    assert "\n" not in str(err.value)
+    got = train(name, schedule_plan(trace, old))
     assert got.runtime.plan.schedule == plan.schedule
     assert_same_training(name, got)
 
@@ -232,7 +239,7 @@ def test_host_buffers_are_pooled_across_iterations() -> None:
 
 def test_an_empty_plan_leaves_every_tensor_to_autograd() -> None:
     trace = trace_of("resnet_tiny")
-    got = train("resnet_tiny", make_plan(trace))
+    got = train("resnet_tiny", manual_plan(trace))
     assert_same_training("resnet_tiny", got)
     assert got.runtime.index.record_ops == frozenset() and not any(got.runtime.index.pack_flags)
 
@@ -274,22 +281,22 @@ def test_fewer_saved_tensors_than_recorded_raises_at_exit() -> None:
 
 
 def test_plan_for_another_trace_is_refused() -> None:
-    plan = make_plan(trace_of("mlp_tiny"))
+    plan = manual_plan(trace_of("mlp_tiny"))
     with pytest.raises(PlanError, match="made for trace"):
         PlannedExecution(None, plan, trace_of("resnet_tiny"))
 
 
-def test_make_plan_refuses_what_the_simulator_does_not_allow() -> None:
+def test_manual_plan_refuses_what_the_simulator_does_not_allow() -> None:
     trace = trace_of("scaled_buffer")
     refused = [t for t in saved_activations(trace) if t not in recomputable_activations(trace)]
     assert refused
     with pytest.raises(ValueError, match="cannot recompute"):
-        make_plan(trace, recompute=refused[:1])
+        manual_plan(trace, recompute=refused[:1])
 
 
 def test_out_of_memory_error_names_op_plan_and_memory() -> None:
     trace = trace_of("mlp_tiny")
-    plan = make_plan(trace, swap=saved_activations(trace), planner="hand")
+    plan = manual_plan(trace, swap=saved_activations(trace), planner="hand")
     w = MODELS["mlp_tiny"]()
     rt = PlannedExecution(w.model, plan, trace)
     with pytest.raises(PlannedOutOfMemoryError) as info:
@@ -336,7 +343,7 @@ def input_plan(name: str) -> tuple[Plan, int]:
     inputs = [t for t in saved_activations(trace) if trace.tensor_alloc_op[t] < 0]
     assert inputs, f"{name}: no input a plan may swap"
     batch = max(inputs, key=lambda t: int(trace.tensor_nbytes[t]))
-    return make_plan(trace, swap=[batch], planner="swap-input"), batch
+    return manual_plan(trace, swap=[batch], planner="swap-input"), batch
 
 
 def storage_of(ref: StorageWeakRef) -> torch.UntypedStorage:

@@ -17,7 +17,8 @@ import gc
 import pytest
 import torch
 
-from dqn_swap.runtime import PlannedExecution, make_plan, saved_activations
+from dqn_swap.planners import manual_plan, saved_activations
+from dqn_swap.runtime import PlannedExecution
 from dqn_swap.runtime.standin import StandInBackend
 from dqn_swap.runtime.swap import SwapGroup, Swapper
 
@@ -55,7 +56,7 @@ def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped() -> Non
     copies out have completed.  They wait at the head of the queue and start later."""
     name = "resnet_tiny"
     trace = trace_of(name)
-    plan = make_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
+    plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
     backend = StandInBackend(delay=0.03)
     got = train_on(backend, name, plan, steps=1)
     stats = got.runtime.stats
@@ -77,7 +78,7 @@ def forward_then_drop(backend: StandInBackend) -> PlannedExecution:
     """Forward passes whose prefetches start in forward, then graphs dropped without backward."""
     name = "resnet_tiny"
     trace = trace_of(name)
-    plan = make_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
+    plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
     b0 = int((trace.op_phase == 0).sum())
     assert min(op for _, op in plan.schedule.prefetch) < b0  # the schedule prefetches during forward
     w = MODELS[name]()
@@ -133,7 +134,7 @@ def test_a_dropped_graph_returns_a_swapped_input_only_after_its_copy_back() -> N
 def test_many_copies_in_flight_are_bounded() -> None:
     name = "gpt_tiny"
     trace = trace_of(name)
-    plan = make_plan(trace, swap=saved_activations(trace))
+    plan = manual_plan(trace, swap=saved_activations(trace))
     largest = max(int(trace.tensor_nbytes[a.tensor]) for a in plan.actions)
     bound = 2 * largest
     backend = StandInBackend(delay=0.01)
@@ -149,7 +150,7 @@ def test_many_copies_in_flight_are_bounded() -> None:
 
 def test_the_default_bound_is_the_simulators() -> None:
     trace = trace_of("gpt_tiny")
-    plan = make_plan(trace, swap=saved_activations(trace))
+    plan = manual_plan(trace, swap=saved_activations(trace))
     rt = PlannedExecution(None, plan, trace, backend=StandInBackend())
     largest = max(int(trace.tensor_nbytes[a.tensor]) for a in plan.actions)
     assert rt.swapper.max_inflight_bytes == max(plan.schedule.max_inflight_d2h_bytes, largest)

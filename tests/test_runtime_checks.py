@@ -24,7 +24,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from dqn_swap.plan import ActionKind
 from dqn_swap.recorder import record_trace
-from dqn_swap.runtime import PlannedExecution, TraceMismatchError, make_plan, saved_activations
+from dqn_swap.planners import manual_plan, saved_activations
+from dqn_swap.runtime import PlannedExecution, TraceMismatchError
 from dqn_swap.runtime.execution import HeldInputWarning, InfeasiblePlanError
 from dqn_swap.trace import Trace, TraceError
 
@@ -59,7 +60,7 @@ def recorded() -> Trace:
 
 
 def swap_plan(trace: Trace):  # noqa: ANN201
-    return make_plan(trace, swap=saved_activations(trace), planner="swap-all")
+    return manual_plan(trace, swap=saved_activations(trace), planner="swap-all")
 
 
 def step(rt: PlannedExecution, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -95,14 +96,14 @@ def test_an_empty_plan_checks_the_first_pack_only(recorded: Trace) -> None:
     without the runtime (checking every pack would cost it 3-5 % of a step)."""
     model = mlp()
     model[4] = nn.Linear(WIDTH, 2000)
-    rt = PlannedExecution(model, make_plan(recorded), recorded)
+    rt = PlannedExecution(model, manual_plan(recorded), recorded)
     step(rt, model, *batch(2, classes=2000))  # another head: not seen, and nothing acted on
     assert rt.stats is not None and rt.stats.hooks_off_after == 0 and rt.stats.packed == 1
 
 
 @pytest.mark.parametrize("empty", [False, True], ids=["swap-plan", "empty-plan"])
 def test_another_batch_size_is_refused_before_anything_is_swapped(recorded: Trace, empty: bool) -> None:
-    plan = make_plan(recorded) if empty else swap_plan(recorded)
+    plan = manual_plan(recorded) if empty else swap_plan(recorded)
     model = mlp()
     rt = PlannedExecution(model, plan, recorded)
     x, y = batch(6)
@@ -124,7 +125,7 @@ def test_another_models_trace_is_refused(recorded: Trace) -> None:
 def test_two_forward_passes_in_one_block_are_refused(recorded: Trace) -> None:
     model = mlp()
     x, y = batch(2)
-    for plan in (swap_plan(recorded), make_plan(recorded, recompute=[saved_activations(recorded)[1]])):
+    for plan in (swap_plan(recorded), manual_plan(recorded, recompute=[saved_activations(recorded)[1]])):
         rt = PlannedExecution(model, plan, recorded)
         with pytest.raises(TraceMismatchError, match="second forward pass in one `with` block") as info:
             with rt:
@@ -148,7 +149,7 @@ def test_fewer_packs_than_recorded_are_refused_at_the_end_of_the_block(recorded:
 def test_the_check_is_on_for_the_whole_forward_pass(recorded: Trace) -> None:
     """The hooks are not trimmed after the last pack the plan concerns: a change after it is seen."""
     first_only = [saved_activations(recorded)[0]]
-    plan = make_plan(recorded, swap=first_only)
+    plan = manual_plan(recorded, swap=first_only)
     model = mlp()
     model[4] = nn.Linear(WIDTH, 2000)
     rt = PlannedExecution(model, plan, recorded)
@@ -191,7 +192,7 @@ def test_trace_files_carry_the_shapes_and_old_files_still_load(recorded: Trace, 
 
 # --------------------------------------------------------------------------- infeasible plans
 def test_an_infeasible_plan_is_refused_unless_asked_for_by_name(recorded: Trace) -> None:
-    plan = make_plan(recorded, swap=saved_activations(recorded), memory_limit=1024)
+    plan = manual_plan(recorded, swap=saved_activations(recorded), memory_limit=1024)
     assert plan.figures["feasible"] is False
     with pytest.raises(InfeasiblePlanError, match="allow_infeasible=True") as info:
         PlannedExecution(mlp(), plan, recorded)
@@ -274,7 +275,7 @@ def assert_same(a, b) -> None:  # noqa: ANN001
 
 def test_inputs_and_labels_read_between_forward_and_backward(loss_inside, capsys) -> None:  # noqa: ANN001
     trace, inputs = loss_inside
-    plan = make_plan(trace, swap=inputs, planner="swap-inputs")
+    plan = manual_plan(trace, swap=inputs, planner="swap-inputs")
     assert plan.n_swap == 2 and all(a.kind == ActionKind.SWAP for a in plan.actions)
     ref_model, ref_opt, _, ref_seen = run_loop(None, trace, reads=True)
     with pytest.warns(HeldInputWarning) as caught:
@@ -296,7 +297,7 @@ def test_inputs_and_labels_read_between_forward_and_backward(loss_inside, capsys
 
 def test_a_held_input_is_never_emptied_even_when_backward_is_late(loss_inside) -> None:  # noqa: ANN001
     trace, inputs = loss_inside
-    plan = make_plan(trace, swap=inputs)
+    plan = manual_plan(trace, swap=inputs)
     model = LossInside()
     x, y = batch(8)
     rt = PlannedExecution(model, plan, trace, prefetch=False)
@@ -316,7 +317,7 @@ def test_a_held_input_is_never_emptied_even_when_backward_is_late(loss_inside) -
 def test_a_handed_over_batch_is_emptied_and_training_is_unchanged(loss_inside) -> None:  # noqa: ANN001
     """Nothing outside the iteration holds the batch: the runtime frees it after its op, as planned."""
     trace, inputs = loss_inside
-    plan = make_plan(trace, swap=inputs)
+    plan = manual_plan(trace, swap=inputs)
     ref = run_loop(None, trace, reads=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", HeldInputWarning)
@@ -328,7 +329,7 @@ def test_a_handed_over_batch_is_emptied_and_training_is_unchanged(loss_inside) -
 
 def test_a_handed_over_batch_is_empty_between_forward_and_backward_and_whole_after(loss_inside) -> None:  # noqa: ANN001
     trace, inputs = loss_inside
-    plan = make_plan(trace, swap=inputs)
+    plan = manual_plan(trace, swap=inputs)
     model = LossInside()
     x, y = batch(8)
     holder = [x.clone()]
@@ -355,7 +356,7 @@ def test_a_graph_dropped_without_backward_is_freed(recorded: Trace) -> None:
     outputs: list[StorageWeakRef] = []
     hooks = [m.register_forward_hook(lambda m, i, o: outputs.append(StorageWeakRef(o.untyped_storage())))
              for m in model]
-    rt = PlannedExecution(model, make_plan(recorded, swap=[saved_activations(recorded)[0]]), recorded)
+    rt = PlannedExecution(model, manual_plan(recorded, swap=[saved_activations(recorded)[0]]), recorded)
     x, y = batch(2)
     with rt:
         loss = F.cross_entropy(model(x), y)

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.gpu,
 from dqn_swap.models import build_workload  # noqa: E402
 from dqn_swap.plan import Plan  # noqa: E402
 from dqn_swap.recorder import record_trace  # noqa: E402
-from dqn_swap.runtime import (PlannedExecution, make_plan, recomputable_activations,  # noqa: E402
-                              saved_activations)
+from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations  # noqa: E402
+from dqn_swap.runtime import PlannedExecution  # noqa: E402
 from dqn_swap.trace import Trace  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -82,7 +82,7 @@ def compare(name: str, got, exact: bool) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("name", ["resnet_tiny", "gpt_tiny", "lstm_short"])
 def test_swap_is_bit_identical_on_cuda(name: str) -> None:
     trace = trace_of(name)
-    got = train(name, make_plan(trace, swap=saved_activations(trace)))
+    got = train(name, manual_plan(trace, swap=saved_activations(trace)))
     compare(name, got, exact=True)
     rt = got[3]
     assert rt is not None and rt.stats is not None and rt.stats.swapped > 0
@@ -97,7 +97,7 @@ def test_recompute_and_mixed_match_on_cuda(name: str, mixed: bool) -> None:
     trace = trace_of(name)
     rec = recomputable_activations(trace)
     swap = [t for t in saved_activations(trace) if t not in rec[1::2]] if mixed else ()
-    plan = make_plan(trace, swap=swap, recompute=rec[1::2])
+    plan = manual_plan(trace, swap=swap, recompute=rec[1::2])
     compare(name, train(name, plan), exact=False)
 
 
@@ -106,7 +106,7 @@ def test_swapped_memory_is_released_after_the_copy() -> None:
     # activations made in the forward pass (a swapped input's storage stays the caller's: emptied, not freed)
     acts = [t for t in saved_activations(trace) if trace.tensor_alloc_op[t] >= 0]
     w = build_workload("resnet_tiny", BATCH["resnet_tiny"], DEVICE, seed=0)
-    rt = PlannedExecution(w.model, make_plan(trace, swap=acts), trace, prefetch=False, track_storages=True,
+    rt = PlannedExecution(w.model, manual_plan(trace, swap=acts), trace, prefetch=False, track_storages=True,
                           max_inflight_bytes=10**12)
     with rt:
         loss = w.loss_fn(w.model(*w.example_inputs))
@@ -122,7 +122,7 @@ def test_swapped_memory_is_released_after_the_copy() -> None:
 
 def test_copies_in_flight_are_bounded_on_cuda() -> None:
     trace = trace_of("resnet_tiny")
-    plan = make_plan(trace, swap=saved_activations(trace))
+    plan = manual_plan(trace, swap=saved_activations(trace))
     w = build_workload("resnet_tiny", BATCH["resnet_tiny"], DEVICE, seed=0)
     largest = max(int(trace.tensor_nbytes[a.tensor]) for a in plan.actions)
     rt = PlannedExecution(w.model, plan, trace, max_inflight_bytes=largest)
@@ -133,7 +133,7 @@ def test_copies_in_flight_are_bounded_on_cuda() -> None:
 
 def test_expandable_segments_are_on() -> None:
     trace = trace_of("resnet_tiny")
-    rt = PlannedExecution(None, make_plan(trace), trace, device=DEVICE)
+    rt = PlannedExecution(None, manual_plan(trace), trace, device=DEVICE)
     assert rt.expandable_segments
 
 

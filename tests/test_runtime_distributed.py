@@ -47,7 +47,8 @@ def _ddp_case(rank: int, world: int, port: int) -> None:
 
     from dqn_swap.models import build_workload
     from dqn_swap.recorder import record_trace
-    from dqn_swap.runtime import PlannedExecution, make_plan, recomputable_activations, saved_activations
+    from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations
+    from dqn_swap.runtime import PlannedExecution
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -59,9 +60,9 @@ def _ddp_case(rank: int, world: int, port: int) -> None:
             trace = record_trace(copy.deepcopy(base.model), data.example_inputs, data.loss_fn,
                                  base.make_optimizer, device="cpu")
             acts, rec = saved_activations(trace), recomputable_activations(trace)
-            plans = {"swap": make_plan(trace, swap=acts),
-                     "recompute": make_plan(trace, recompute=rec),
-                     "mixed": make_plan(trace, swap=[t for t in acts if t not in rec[1::2]], recompute=rec[1::2])}
+            plans = {"swap": manual_plan(trace, swap=acts),
+                     "recompute": manual_plan(trace, recompute=rec),
+                     "mixed": manual_plan(trace, swap=[t for t in acts if t not in rec[1::2]], recompute=rec[1::2])}
 
             def run(plan):  # noqa: ANN001, ANN202
                 model = DDP(copy.deepcopy(base.model))
@@ -146,12 +147,13 @@ def test_fsdp2_recording_is_refused_with_one_line(fsdp_model) -> None:  # noqa: 
 
 
 def test_fsdp2_planned_training_is_refused_with_one_line(fsdp_model) -> None:  # noqa: ANN001
-    from dqn_swap.runtime import PlannedExecution, UnsupportedTrainingError, make_plan
+    from dqn_swap.planners import manual_plan
+    from dqn_swap.runtime import PlannedExecution, UnsupportedTrainingError
 
     from .runtime_support import trace_of
 
     trace = trace_of("mlp_tiny")
     with pytest.raises(UnsupportedTrainingError) as info:
-        PlannedExecution(fsdp_model, make_plan(trace), trace)
+        PlannedExecution(fsdp_model, manual_plan(trace), trace)
     msg = str(info.value)
     assert "FSDP2" in msg and "fully_shard" in msg and "\n" not in msg

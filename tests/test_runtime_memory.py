@@ -35,7 +35,7 @@ from dqn_swap.trace import resolve_memory_limit
 from .runtime_support import MODELS, trace_of
 
 CASE_MODELS = ("resnet_tiny", "gpt_tiny", "bn_inplace", "views_residual", "dropout", "scaled_buffer")
-CASE_PLANNERS = ("greedy", "vdnn", "lru", "checkpoint", "window", "dqn")
+CASE_PLANNERS = ("greedy", "vdnn", "lru", "sqrt-n", "window", "dqn")
 CASE_LIMITS = ("70%", "40%")
 
 
@@ -69,7 +69,7 @@ INPUT_CASES = cases(inputs=True)
 
 def test_enough_cases() -> None:
     assert len(CASES) >= 30
-    assert {p for _, p, _ in CASES} >= {"greedy", "lru", "checkpoint", "dqn"}
+    assert {p for _, p, _ in CASES} >= {"greedy", "lru", "sqrt-n", "dqn"}
 
 
 @pytest.mark.parametrize("name,planner,limit", CASES)

@@ -1,9 +1,9 @@
 """What every baseline planner shares: the interface, trace facts, and simulated evaluation.
 
 A planner maps a :class:`~dqn_swap.trace.Trace`, a memory limit and a device
-profile to a :class:`~dqn_swap.plan.Plan`.  The baselines of this package
-reproduce the heuristics the papers compare against; each one reads the trace
-through :class:`TraceFacts` (which tensors are forward activations, where
+profile to a :class:`~dqn_swap.plan.Plan` (the contract: :class:`dqn_swap.planners.Planner`).
+The baselines of this package reproduce the heuristics the papers compare
+against; each one reads the trace through :class:`TraceFacts` (which tensors are forward activations, where
 each is last used in forward, where it is next used) and judges its
 candidate plans with one :class:`Evaluator` -- a single
 :class:`~dqn_swap.simulator.Simulator` per trace and limit, whose runs are
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -29,17 +29,6 @@ from dqn_swap.simulator import SimResult, Simulator
 from dqn_swap.trace import EventKind, Phase, Trace
 
 ActionSet = tuple[Action, ...]
-
-
-@runtime_checkable
-class Planner(Protocol):
-    """A baseline planner: ``plan(trace, memory_limit, profile) -> Plan``."""
-
-    name: str
-
-    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
-        """Choose actions for ``trace`` under ``memory_limit``; ``Plan.figures`` are simulated."""
-        ...
 
 
 # --------------------------------------------------------------------------- trace facts
@@ -274,7 +263,8 @@ def _jsonable(value: Any) -> Any:
 
 # --------------------------------------------------------------------------- planners
 class BasePlanner:
-    """Template for the baselines: subclasses implement :meth:`choose`.
+    """Template for the baselines (each a :class:`dqn_swap.planners.Planner`): subclasses implement
+    :meth:`choose`.
 
     :meth:`plan` builds the evaluator, lets the subclass choose its actions,
     takes the figures of the chosen actions from the simulator, and records

@@ -5,13 +5,13 @@ Modules, Stable-Baselines3 style:
 * :mod:`.policy` -- the network: :class:`S2VConv` (Eq. 1), :class:`QNetwork` (Eq. 2-3);
 * :mod:`.buffer` -- experience replay (uniform or prioritised) and n-step returns;
 * :mod:`.algorithm` -- fitted Q-iteration (Eq. 4-5, Algorithm 1): :func:`train`, :func:`finetune`;
-* :mod:`.checkpoint` -- saving and loading agents (:class:`CheckpointError`);
+* :mod:`.agent_file` -- saving and loading agent files (:class:`AgentFileError`);
 * :mod:`.planner` -- :class:`DQNPlanner` (``dqn``) and :class:`DQNSearchPlanner` (``dqn-search``).
 """
 
-from .checkpoint import CheckpointError, load_agent, save_agent
+from .agent_file import AgentFileError, load_agent, save_agent
 from .config import DQNConfig
-from .planner import DEFAULT_AGENT, DQNPlanner, DQNSearchPlanner, get_dqn_planner
+from .planner import DEFAULT_AGENT, DQNPlanner, DQNSearchPlanner
 from .policy import QNetwork, S2VConv
 
 
@@ -29,5 +29,5 @@ def finetune(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
     return _finetune(*args, **kwargs)
 
 
-__all__ = ["DEFAULT_AGENT", "CheckpointError", "DQNConfig", "DQNPlanner", "DQNSearchPlanner", "QNetwork",
-           "S2VConv", "finetune", "get_dqn_planner", "load_agent", "save_agent", "train"]
+__all__ = ["DEFAULT_AGENT", "AgentFileError", "DQNConfig", "DQNPlanner", "DQNSearchPlanner", "QNetwork",
+           "S2VConv", "finetune", "load_agent", "save_agent", "train"]

@@ -4,7 +4,7 @@
 environments, the Q-network and its target, the replay buffer; then one loop
 that explores epsilon-greedily, stores transitions, fits the network on
 mini-batches and evaluates the greedy plan now and then.  :func:`finetune`
-continues training a checkpoint on other (larger) graphs (section 4.4.2).
+continues training an agent file's agent on other (larger) graphs (section 4.4.2).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .buffer import NStepAccumulator, ReplayBuffer
-from .checkpoint import (CheckpointError, load_agent, load_resume, resume_path, save_agent, save_resume)
+from .agent_file import (AgentFileError, load_agent, load_resume, resume_path, save_agent, save_resume)
 from .config import DQNConfig
 from .planner import episode_summary, greedy_episode, make_env, torch_threads
 from .policy import GraphBatcher, QNetwork, masked_argmax, q_values
@@ -187,7 +187,7 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     ``log_dir/run_name`` (None: no logs); a tqdm bar shows on a terminal
     (``progress``).  ``resume=True`` continues from ``out_path``'s resume file
     (weights, optimiser, step, random state; the replay buffer refills).
-    ``init_from``: start from a checkpoint's weights (fine-tuning).  The saved
+    ``init_from``: start from an agent file's weights (fine-tuning).  The saved
     agent holds the weights of the best greedy evaluation.
     """
     config = config or DQNConfig()
@@ -290,7 +290,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         try:
             q_net.load_state_dict(src.state_dict())
         except RuntimeError:
-            raise CheckpointError(f"{init_from}: its network does not match this configuration") from None
+            raise AgentFileError(f"{init_from}: its network does not match this configuration") from None
     target_net = copy.deepcopy(q_net)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
     rb = ReplayBuffer(config.buffer_size, rng, config.prioritized, config.per_alpha)
@@ -301,10 +301,10 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     rpath = resume_path(out_path)
     if resume:
         if not rpath.exists():
-            raise CheckpointError(f"{rpath}: no resume file to continue from")
+            raise AgentFileError(f"{rpath}: no resume file to continue from")
         r = load_resume(rpath)
         if r.get("config") != config.to_dict() or r.get("trace_fingerprints") != fingerprints:
-            raise CheckpointError(f"{rpath}: was made with another configuration or other traces")
+            raise AgentFileError(f"{rpath}: was made with another configuration or other traces")
         q_net.load_state_dict(r["q"]); target_net.load_state_dict(r["target"])
         optimizer.load_state_dict(r["optimizer"])
         best_state, best, evaluations = r["best_state"], dict(r["best"]), list(r["evaluations"])
@@ -331,7 +331,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         if writer is not None:
             writer.add_scalar(tag, value, step)
 
-    def checkpoint_eval(step: int) -> None:
+    def evaluate_and_keep(step: int) -> None:
         nonlocal best, best_state
         ev = evaluate(q_net, batcher, eval_envs)
         ev["step"] = step
@@ -402,7 +402,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         return envs[i], keys[i]
 
     if init_from is not None and start_step == 0:
-        checkpoint_eval(0)  # the starting point counts: fine-tuning never returns a worse agent
+        evaluate_and_keep(0)  # the starting point counts: fine-tuning never returns a worse agent
     env, key = start_episode()
     state = env.state()
     ep_return, ep_len, sps_t, sps_step = 0.0, 0, time.perf_counter(), start_step
@@ -451,11 +451,11 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         if config.target_network and global_step % config.target_update == 0:
             target_net.load_state_dict(q_net.state_dict())
         if (global_step + 1) % config.eval_every == 0:
-            checkpoint_eval(global_step + 1)
+            evaluate_and_keep(global_step + 1)
             improve_demonstrations(global_step + 1)
         bar.update(1)
     if not evaluations or evaluations[-1]["step"] != config.total_timesteps:
-        checkpoint_eval(config.total_timesteps)
+        evaluate_and_keep(config.total_timesteps)
     bar.close()
 
     # ---- save the best greedy agent
@@ -473,24 +473,24 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     return TrainResult(out_path, config.total_timesteps, wall, evaluations, best)
 
 
-def finetune(from_checkpoint: str | os.PathLike[str], traces: Trace | Sequence[Trace],
+def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace],
              memory_limits: LimitSpec | Sequence[LimitSpec], out_path: str | os.PathLike[str], *,
              total_timesteps: int | None = None, start_e: float = 0.2, learning_starts: int = 200,
              lr_factor: float = 0.3, **kwargs: Any) -> TrainResult:
-    """Continue training ``from_checkpoint`` on ``traces`` (section 4.4.2: train on a small
+    """Continue training ``agent_file`` on ``traces`` (section 4.4.2: train on a small
     graph, fine-tune on a large one).
 
-    The checkpoint's configuration is kept, with less exploration (``start_e``,
+    The agent file's configuration is kept, with less exploration (``start_e``,
     decaying over the first 30% of the steps), a learning rate scaled by
     ``lr_factor`` and a short warm-up; ``config_overrides`` (a dict) changes any
     other field.  The starting agent is evaluated first, so the result is never
     worse than it on these traces.  Other keyword arguments go to :func:`train`.
     """
-    _, config, _ = load_agent(from_checkpoint)
+    _, config, _ = load_agent(agent_file)
     config = config.replace(start_e=start_e, learning_starts=learning_starts, exploration_fraction=0.3,
                             learning_rate=config.learning_rate * lr_factor,
                             total_timesteps=total_timesteps or max(config.total_timesteps // 4, 1000))
     overrides = kwargs.pop("config_overrides", None) or {}
     if overrides:
         config = config.replace(**overrides)
-    return train(traces, memory_limits, out_path, config, init_from=from_checkpoint, **kwargs)
+    return train(traces, memory_limits, out_path, config, init_from=agent_file, **kwargs)

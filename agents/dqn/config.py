@@ -1,4 +1,4 @@
-"""Hyper-parameters of the DQN agent: one frozen dataclass, stored in every checkpoint."""
+"""Hyper-parameters of the DQN agent: one frozen dataclass, stored in every agent file."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class DQNConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DQNConfig":
-        """The configuration stored in a checkpoint; keys that older checkpoints lack take the
+        """The configuration stored in an agent file; keys that older ones lack take the
         value those agents were trained with (:data:`BEFORE_KEYS`), not today's default."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
@@ -144,7 +144,7 @@ _RULES: dict[str, Any] = {
 
 
 def _check(name: str, value: Any) -> None:
-    """Refuse a setting outside its rule with one line that names it (``--set``, checkpoints)."""
+    """Refuse a setting outside its rule with one line that names it (``--set``, agent files)."""
     import math
 
     rule = _RULES.get(name)

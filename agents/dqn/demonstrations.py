@@ -36,10 +36,13 @@ from dqn_swap.env.candidates import NOTHING
 from dqn_swap.env.swap_recompute import DynamicState, SwapRecomputeEnv
 from dqn_swap.plan import Action, Plan
 
-from .. import BASELINE_NAMES
+from .. import get_planner, planner_names
 
-#: The planners demonstrations are drawn from (the best of them per cell): every baseline that plans.
-DEMONSTRATORS = tuple(name for name in BASELINE_NAMES if name != "none")
+
+def demonstrators() -> tuple[str, ...]:
+    """The planners demonstrations are drawn from (the best of them per cell): every baseline that
+    plans (the registry's kind ``baseline``, less ``none``)."""
+    return tuple(name for name in planner_names("baseline") if name != "none")
 
 
 @dataclass(frozen=True)
@@ -86,16 +89,14 @@ def demonstration_episode(env: SwapRecomputeEnv, plan: Plan | list[Action]) -> l
     return steps
 
 
-def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] = DEMONSTRATORS
+def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] | None = None
                        ) -> tuple[list[DemoStep], dict[str, Any]]:
     """The best replayed plan of ``planners`` on ``env``'s cell: every feasible plan is replayed and
     the replay that ends feasible with the least simulated overhead is kept (a replay stops once the
     iteration fits, so it may do better than its plan; actions the environment does not offer are
-    left out, so it may also do worse)."""
-    from ..baselines import get_planner
-
+    left out, so it may also do worse).  ``planners`` defaults to :func:`demonstrators`."""
     best: tuple[tuple[bool, float], list[DemoStep], dict[str, Any]] | None = None
-    for name in planners:
+    for name in planners if planners is not None else demonstrators():
         plan = get_planner(name).plan(env.trace, env.memory_limit, env.profile)
         if not plan.figures.get("feasible"):
             continue
@@ -111,7 +112,7 @@ def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] = DEMONS
     return best[1], best[2]
 
 
-def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] = DEMONSTRATORS
+def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] | None = None
                    ) -> tuple[list[list[DemoStep]], list[dict[str, Any]]]:
     """Per environment, :func:`best_demonstration`'s episode and what it was."""
     episodes, info = [], []
@@ -122,6 +123,6 @@ def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] = DEM
     return episodes, info
 
 
-__all__ = ["DEMONSTRATORS", "DemoStep", "action_nodes", "best_demonstration", "demonstration_episode",
-           "demonstrations"]
+__all__ = ["DemoStep", "action_nodes", "best_demonstration", "demonstration_episode",
+           "demonstrations", "demonstrators"]
 

@@ -32,9 +32,9 @@
   (``DQNConfig.demo_improve="search"``), as search improves the policy in
   expert iteration: the greedy agent learns what search with its own Q finds.
 
-Both load a checkpoint (default ``checkpoints/default.pt``) and build the
-same environment the agent was trained in; every figure comes from the
-simulator.  The lead registers them under ``dqn`` and ``dqn-search``.
+Both load an agent file (default the shipped agent, ``checkpoints/default.pt``) and build
+the same environment the agent was trained in; every figure comes from the
+simulator.  ``dqn_swap.agents`` registers them under ``dqn`` and ``dqn-search``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from dqn_swap.limits import LimitSpec
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from ..local_search import polish
-from .checkpoint import load_agent
+from .agent_file import load_agent
 from .config import DQNConfig
 from .demonstrations import DemoStep
 from .policy import GraphBatcher, QNetwork, q_values
@@ -314,12 +314,3 @@ def _plan_cost(plan: Plan) -> tuple[bool, float]:
     """Sort key: plans that fit first, then by simulated overhead (ties keep the earlier plan)."""
     fits = bool(plan.figures.get("feasible"))
     return (not fits, float(plan.figures.get("overhead", np.inf)) if fits else np.inf)
-
-
-def get_dqn_planner(name: str = "dqn", agent_path: str | os.PathLike[str] | None = None, **kwargs: Any):  # noqa: ANN201
-    """``dqn`` or ``dqn-search``."""
-    if name == "dqn":
-        return DQNPlanner(agent_path, **kwargs)
-    if name == "dqn-search":
-        return DQNSearchPlanner(agent_path, **kwargs)
-    raise ValueError(f"unknown DQN planner {name!r}; choose 'dqn' or 'dqn-search'")

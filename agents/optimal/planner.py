@@ -74,7 +74,7 @@ HELD_PER_ROUND = 2
 
 #: The planners whose plans seed the solve by default: every baseline and the agent's single pass
 #: (``dqn-search``, whose local search costs more, only where asked for).
-DEFAULT_INCUMBENTS = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub", "dqn")
+DEFAULT_INCUMBENTS = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "sqrt-n", "layrub", "dqn")
 
 
 class OptimalPlanner(BasePlanner):
@@ -95,7 +95,7 @@ class OptimalPlanner(BasePlanner):
         chain_depth, fifo: see :class:`~.program.SwapProgram`.
         incumbents: planners whose plans seed the solve and compete with the program's (any of
             the baselines, ``dqn`` and ``dqn-search``; default :data:`DEFAULT_INCUMBENTS`).
-        agent: the DQN checkpoint of the ``dqn`` incumbents (default: the shipped one).
+        agent: the agent file of the ``dqn`` incumbents (default: the shipped agent).
         progress: write a live line (round, incumbent, bound, gap) to standard error.
     """
 
@@ -110,14 +110,14 @@ class OptimalPlanner(BasePlanner):
     def _incumbents(self, evaluator: Evaluator) -> list[dict[str, Any]]:
         """Every planner of ``incumbents`` on this trace and limit: its name, actions and simulated
         makespan (``None`` where its plan does not fit or it cannot plan: then ``error``)."""
-        from dqn_swap.agents import DQN_NAMES, get_planner
+        from dqn_swap.agents import get_planner, planner_names
 
         out = []
         for name in self.settings["incumbents"]:
             c0 = time.process_time()
             row: dict[str, Any] = {"name": name, "actions": (), "makespan": None}
             try:
-                planner = (get_planner(name, agent=self.settings["agent"], threads=1) if name in DQN_NAMES
+                planner = (get_planner(name, agent=self.settings["agent"], threads=1) if name in planner_names("dqn")
                            else get_planner(name))
                 plan = planner.plan(evaluator.trace, evaluator.memory_limit, evaluator.profile)
             except Exception as e:  # noqa: BLE001 -- one planner that cannot plan this case is recorded, not fatal

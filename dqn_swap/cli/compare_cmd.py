@@ -20,7 +20,7 @@ COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "ove
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from dqn_swap.agents import PLANNER_NAMES
+    from dqn_swap.agents import planner_names as registered
 
     p = sub.add_parser(
         "compare", help="compare planners on traces at several memory limits (table and plots)",
@@ -38,8 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limits", default="90%,70%,50%,30%",
                    help="comma-separated limits (default 90%%,70%%,50%%,30%%). " + LIMIT_HELP)
     p.add_argument("--planners", default="all",
-                   help=f"comma-separated planners or 'all' ({', '.join(PLANNER_NAMES)})")
-    p.add_argument("--agent", help="DQN checkpoint for the dqn planners (default checkpoints/default.pt)")
+                   help=f"comma-separated planners ({', '.join(registered())}) or 'all' (every one but the "
+                        "simple rules)")
+    p.add_argument("--agent", help="agent file for the dqn planners (default: the shipped agent, "
+                                   "checkpoints/default.pt)")
     p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")
@@ -53,14 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def planner_names(spec: str) -> list[str]:
-    from dqn_swap.agents import PLANNER_NAMES
+    from dqn_swap.agents import check_planner_name, planner_names as registered
 
     if spec.strip() == "all":
-        return list(PLANNER_NAMES)
+        return [n for n in registered() if n not in registered("simple")]
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in PLANNER_NAMES]
-    if unknown:
-        raise ValueError(f"unknown planner {unknown[0]!r}; choose from: {', '.join(PLANNER_NAMES)}, all")
+    for n in names:
+        check_planner_name(n)  # unknown or renamed: one line naming the planners
     return names
 
 
@@ -213,9 +214,9 @@ LINESTYLES = ("-", "--", ":", "-.")
 def planner_styles(planners: list[str]) -> dict[str, dict[str, Any]]:
     """One distinct line style per planner (colour, marker, line style), the same in every comparison:
     a planner of the registry keeps the style of its place there, any other comes after them."""
-    from dqn_swap.agents import PLANNER_NAMES
+    from dqn_swap.agents import planner_names as registered
 
-    order = list(PLANNER_NAMES) + [p for p in planners if p not in PLANNER_NAMES]
+    order = list(registered()) + [p for p in planners if p not in registered()]
     styles = {}
     for pl in planners:
         i = order.index(pl)

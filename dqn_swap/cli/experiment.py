@@ -1,7 +1,8 @@
 """The experiment harness: planned training of a model-zoo workload, measured beside the alternatives.
 
 It belongs to the command-line layer (``dqn-swap run``, ``benchmarks/bench_runtime.py``):
-it plans (any planner of ``agents``), while the runtime it drives only applies plans.
+it plans (any registered planner, :func:`dqn_swap.agents.get_planner`) and schedules the plan
+(:func:`dqn_swap.simulator.schedule_plan`), while the runtime it drives only applies plans.
 
 :func:`run_planned_training` records the trace on the device, plans, trains
 ``steps`` optimizer steps with :class:`~dqn_swap.runtime.PlannedExecution` and
@@ -10,7 +11,7 @@ reserved memory; CPU: the allocator's timeline, :mod:`dqn_swap.meter`), step
 time and throughput beside
 
 * ``unplanned`` -- plain training (when it fits),
-* ``checkpoint`` -- full activation checkpointing: ``torch.utils.checkpoint``
+* ``torch-checkpoint`` -- full activation checkpointing: ``torch.utils.checkpoint``
   (non-reentrant) on every block, the children with parameters of the model's
   longest ``Sequential`` / ``ModuleList``,
 * ``save_on_cpu`` -- ``torch.autograd.graph.save_on_cpu(pin_memory=True)``:
@@ -41,72 +42,25 @@ from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from ..limits import LimitSpec, MemoryLimit
 from ..meter import AllocatorTimeline
 from ..plan import Plan
-from ..runtime import (PlannedExecution, enable_expandable_segments, make_plan, recomputable_activations,
-                       saved_activations)
+from ..runtime import PlannedExecution, enable_expandable_segments
 from ..trace import Trace
 
-METHODS = ("unplanned", "planned", "checkpoint", "save_on_cpu")
-BUILTIN_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
+METHODS = ("unplanned", "planned", "torch-checkpoint", "save_on_cpu")
+#: Methods that were renamed: old name -> new name (an old name is refused with one line saying so).
+RENAMED_METHODS = {"checkpoint": "torch-checkpoint"}
 
 
 # --------------------------------------------------------------------------- planning
-def builtin_plan(name: str, trace: Trace, limit: int) -> Plan:
-    """Simple planners for experiments and tests (the papers' baselines are in ``agents``).
-
-    ``swap-all``: every activation a plan may move; ``recompute-all``: every
-    one the simulator allows to recompute; ``greedy-swap``: the largest
-    activations until the simulator finds the plan fits ``limit``.
-    """
-    acts = saved_activations(trace)
-    if name == "swap-all":
-        return make_plan(trace, swap=acts, memory_limit=limit, planner=name)
-    if name == "recompute-all":
-        return make_plan(trace, recompute=recomputable_activations(trace), memory_limit=limit, planner=name)
-    if name == "greedy-swap":
-        from ..simulator import Simulator
-
-        sim = Simulator(trace, limit)
-        chosen: list[int] = []
-        for tid in sorted(acts, key=lambda t: -int(trace.tensor_nbytes[t])):
-            plan = make_plan(trace, swap=chosen, memory_limit=limit, planner=name)
-            if sim.run(plan.actions).feasible:
-                return plan
-            chosen.append(tid)
-        return make_plan(trace, swap=chosen, memory_limit=limit, planner=name)
-    raise ValueError(f"unknown planner {name!r}; built in: {', '.join(BUILTIN_PLANNERS)}")
-
-
-class _BuiltinPlanner:
-    """A planner of :data:`BUILTIN_PLANNERS` with the ``plan(trace, limit, profile)`` interface."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def plan(self, trace: Trace, memory_limit: int, profile: Any = None) -> Plan:
-        return builtin_plan(self.name, trace, int(memory_limit))
-
-
-def get_run_planner(planner: str, agent: str | None = None) -> Any:
-    """The planner called ``planner``: a built-in one (:data:`BUILTIN_PLANNERS`) or any of
-    ``dqn_swap.get_planner`` -- the baselines and the learned ``dqn`` / ``dqn-search``, which
-    use the checkpoint ``agent`` (default: the shipped agent)."""
-    if planner in BUILTIN_PLANNERS:
-        return _BuiltinPlanner(planner)
-    try:
-        from dqn_swap.agents import PLANNER_NAMES, get_planner  # type: ignore[import-not-found]
-    except ImportError as e:
-        raise ValueError(f"planner {planner!r} needs the agents package ({e}); built-in planners: "
-                         f"{', '.join(BUILTIN_PLANNERS)}") from None
-    if planner not in PLANNER_NAMES:
-        raise ValueError(f"unknown planner {planner!r}; choose one of: "
-                         f"{', '.join((*PLANNER_NAMES, *BUILTIN_PLANNERS))}")
-    return get_planner(planner, agent=agent)
-
-
 def make_planned(trace: Trace, limit: int, planner: Any, profile: DeviceProfile, agent: str | None = None) -> Plan:
-    """The plan of ``planner`` (a name for :func:`get_run_planner`, or a planner object)."""
-    obj = get_run_planner(planner, agent) if isinstance(planner, str) else planner
-    return obj.plan(trace, limit, profile)
+    """The plan of ``planner`` (a registered name, built with the agent file ``agent``, or a planner
+    object) for ``trace`` under ``limit`` bytes, with its schedule: what the runtime follows."""
+    from ..simulator import schedule_plan
+
+    if isinstance(planner, str):
+        from dqn_swap.agents import get_planner
+
+        planner = get_planner(planner, agent=agent)
+    return schedule_plan(trace, planner.plan(trace, limit, profile))
 
 
 def simulate_plan(trace: Trace, plan: Plan) -> dict[str, Any]:
@@ -197,8 +151,10 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
         if plan is None or trace is None:
             raise ValueError("method 'planned' needs a plan and its trace")
         runtime = PlannedExecution(model, plan, trace, device=device, expandable_segments=expandable_segments)
-    elif method == "checkpoint":
+    elif method == "torch-checkpoint":
         checkpoint_blocks(model)
+    elif method in RENAMED_METHODS:
+        raise ValueError(f"the method {method!r} is now called {RENAMED_METHODS[method]!r}")
     elif method not in ("unplanned", "save_on_cpu"):
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
@@ -314,20 +270,20 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
             ("50%": halfway from the recorded trace's minimum memory, 0%, to its unplanned peak,
             100%), or a multiple of the unplanned peak ("0.5x": the peak measured by the unplanned
             run on CUDA, else the trace's).
-        planner: a built-in planner (:data:`BUILTIN_PLANNERS`) or any name of
-            ``dqn_swap.get_planner``: the baselines and the learned ``dqn`` / ``dqn-search``.
+        planner: a registered planner's name (:func:`dqn_swap.planners.planner_names`).
         steps: measured optimizer steps per method, after ``warmup`` steps.
         device: "cuda" or "cpu"; default CUDA when available.
         profile: device profile for planning; default measured on CUDA.
         methods: which of :data:`METHODS` to run.
         expandable_segments: turn on the CUDA allocator's expandable segments (default).
-        plan, trace: use these instead of recording and planning.  A ``plan`` without its ``trace``
+        plan, trace: use these instead of recording and planning (a plan without a schedule, from a
+            version 1 file, is scheduled by the simulator).  A ``plan`` without its ``trace``
             must have been made for the trace recorded here (the same model, batch size, seed and
             profile, recorded on this device); :class:`~dqn_swap.plan.PlanError` otherwise, before
             any training.  ``plan_source`` names the plan in that message (its file).
         budget: with ``max_batch_methods``, the memory budget of the largest-batch search
             (same forms as ``memory_limit``; default ``memory_limit``).
-        agent: the DQN checkpoint of the ``dqn`` / ``dqn-search`` planners (default: the shipped one).
+        agent: the agent file of the ``dqn`` / ``dqn-search`` planners (default: the shipped agent).
 
     Returns:
         A JSON-ready dict: the workload, device, limit, plan summary, the simulator's
@@ -348,7 +304,10 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
         say(f"recording {model_name} at batch {batch_size} on {dev}")
         trace = record(model_name, batch_size, dev, prof, seed)
     if plan is not None:
+        from ..simulator import schedule_plan
+
         plan.check_trace(trace, plan_source)
+        plan = schedule_plan(trace, plan)
     report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
                        "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes}
     results: dict[str, Any] = {}
@@ -403,7 +362,7 @@ def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: in
     if planned.get("status") != "ok":
         return out
     t_plan = planned["step_time_s"]
-    for other in ("unplanned", "checkpoint", "save_on_cpu"):
+    for other in ("unplanned", "torch-checkpoint", "save_on_cpu"):
         r = results.get(other, {})
         if r.get("status") == "ok":
             out[f"throughput_vs_{other}"] = r["step_time_s"] / t_plan
@@ -446,13 +405,17 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
     the measured peak allocated.  Elsewhere only ``unplanned`` and ``planned``
     are predicted, from traces recorded on the ``meta`` device (the unplanned
     peak, and the simulator's planned peak).  Doubling from ``start``, then bisection.  ``planner`` and ``agent`` as in
-    :func:`get_run_planner`.
+    :func:`make_planned`.
     """
     prof = profile or get_profile(DEFAULT_PROFILE)
     measured = device.type == "cuda"
     if not measured and method not in ("unplanned", "planned"):
         return {"batch_size": None, "how": f"needs a GPU to measure {method}"}
-    planner_obj = get_run_planner(planner, agent) if method == "planned" else None  # a checkpoint loads once
+    planner_obj = None
+    if method == "planned":  # built once: an agent file loads once
+        from dqn_swap.agents import get_planner
+
+        planner_obj = get_planner(planner, agent=agent)
 
     def fits(batch: int) -> bool:
         if not measured:
@@ -537,8 +500,8 @@ def report_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BUILTIN_PLANNERS", "METHODS", "block_modules", "builtin_plan", "checkpoint_blocks", "compare",
-           "get_run_planner", "largest_batch", "make_planned", "measured_cpu_peak", "record", "report_table",
+__all__ = ["METHODS", "RENAMED_METHODS", "block_modules", "checkpoint_blocks", "compare",
+           "largest_batch", "make_planned", "measured_cpu_peak", "record", "report_table",
            "run_planned_training", "simulate_plan", "train_steps"]
 
 

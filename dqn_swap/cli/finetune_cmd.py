@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog="Example: dqn-swap finetune resnet152:32 --from checkpoints/default.pt "
                "--memory-limits 90%,70%,50%,30% --steps 3000 -o resnet152-ft.pt")
     p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)
-    p.add_argument("--from", dest="source", metavar="CHECKPOINT",
+    p.add_argument("--from", dest="source", metavar="AGENT_FILE",
                    help="agent to start from (default: the shipped agent, checkpoints/default.pt)")
     add_training_options(p, default_limits="90%,70%,50%,30%")
     p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"),
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = Path(args.source)
     if not source.is_file():
-        raise FileNotFoundError(f"{source}: no such agent checkpoint (--from)")
+        raise FileNotFoundError(f"{source}: no such agent file (--from)")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be at least 1, not {args.steps}")
     if not 0 <= args.start_e <= 1:

@@ -9,10 +9,10 @@ import sys
 from ..files import write_text
 from .common import MAX_SEED, MAX_STEPS, batch_size, check_host_memory, load_trace, whole
 
-# The names of dqn_swap.cli.experiment.METHODS / BUILTIN_PLANNERS, written out so that
+# The names of dqn_swap.cli.experiment.METHODS and RENAMED_METHODS, written out so that
 # --help does not import torch (a test checks they agree).
-METHOD_NAMES = ("unplanned", "planned", "checkpoint", "save_on_cpu")
-RUNTIME_PLANNERS = ("swap-all", "recompute-all", "greedy-swap")
+METHOD_NAMES = ("unplanned", "planned", "torch-checkpoint", "save_on_cpu")
+RENAMED_METHODS = {"checkpoint": "torch-checkpoint"}
 
 #: What ``--model`` accepts besides the zoo, as ``dqn-swap record`` (:func:`.record_cmd.load_workload`).
 MODEL_FORMS = ("hf:NAME, a Hugging Face architecture (hf:gpt2, hf:llama, hf:bert, hf:vit) or hf:PATH/config.json; "
@@ -27,7 +27,7 @@ RUN_LIMIT_HELP = ("GPU memory limit for the plan: a percentage, as everywhere in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from dqn_swap.agents import PLANNER_NAMES
+    from dqn_swap.agents import planner_help
 
     from ..models import MODEL_NAMES
 
@@ -37,13 +37,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "recomputation for the memory limit (or take a saved plan made for that trace, --plan), "
                     "then train a few steps following the plan "
                     "and measure step time, throughput and peak memory beside unplanned training, "
-                    "full activation checkpointing and torch's save_on_cpu, with the simulator's "
+                    "full activation checkpointing with torch.utils.checkpoint (torch-checkpoint) and "
+                    "torch's save_on_cpu, with the simulator's "
                     "prediction for the plan. Optionally find the largest batch that trains under a "
                     "budget. On the CPU the peak is measured from the allocator's timeline and compared with "
                     "the limit and the plan's prediction.",
         epilog="Examples: dqn-swap run --model resnet50 --batch-size 256 --memory-limit 50% --planner dqn "
                "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.5x --planner greedy "
-               "--max-batch planned,checkpoint (0.5x: half the unplanned peak); a saved plan: "
+               "--max-batch planned,torch-checkpoint (0.5x: half the unplanned peak); a saved plan: "
                "dqn-swap record --model mlp_tiny --batch-size 4 --device cpu -o m.trace, "
                "dqn-swap plan m.trace -m 50% -o plan.json, then "
                "dqn-swap run --model mlp_tiny --batch-size 4 --device cpu --plan plan.json")
@@ -51,8 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
     p.add_argument("--memory-limit", "-m", help=RUN_LIMIT_HELP + " (required unless --plan gives it)")
     p.add_argument("--planner",
-                   help=f"who plans: {', '.join(PLANNER_NAMES)}, or the runtime's own "
-                        f"{', '.join(RUNTIME_PLANNERS)} (default dqn, the shipped agent)")
+                   help=f"who plans (default dqn, the shipped agent): {planner_help()}")
     p.add_argument("--plan", metavar="FILE",
                    help="follow this saved plan (dqn-swap plan) instead of planning: it must have been made "
                         "for the trace run records, that is one recorded by dqn-swap record with the same "
@@ -63,14 +63,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", metavar="FILE",
                    help="with --plan: the trace the plan was made for, used instead of recording one "
                         "(its model and batch size, where it records them, must be --model and --batch-size)")
-    p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search (default: checkpoints/default.pt)")
+    p.add_argument("--agent", help="agent file for --planner dqn / dqn-search (default: the shipped agent, "
+                                   "checkpoints/default.pt)")
     p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), default=10, help="measured training steps per method, after one "
                                                          "warm-up step (default 10)")
     p.add_argument("--device", choices=["cuda", "cpu"],
                    help="where to train (default: cuda when a GPU is available, else cpu)")
     p.add_argument("--methods", default=",".join(METHOD_NAMES),
                    help=f"comma-separated methods to run (default all: {','.join(METHOD_NAMES)}); unplanned "
-                        "is plain training, planned follows the plan")
+                        "is plain training, planned follows the plan, torch-checkpoint wraps every block in "
+                        "torch.utils.checkpoint, save_on_cpu keeps every saved tensor on the host")
     p.add_argument("--max-batch", default="", metavar="METHODS",
                    help="comma-separated methods whose largest batch size under --budget is searched "
                         "(measured on CUDA; on the CPU only unplanned and planned, predicted)")
@@ -89,6 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def methods(text: str, option: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
+    renamed = [t for t in items if t in RENAMED_METHODS]
+    if renamed:
+        raise ValueError(f"{option}: the method {renamed[0]!r} is now called {RENAMED_METHODS[renamed[0]]!r}")
     bad = [t for t in items if t not in METHOD_NAMES]
     if bad:
         raise ValueError(f"{option}: unknown method {bad[0]!r}; choose from {', '.join(METHOD_NAMES)}")
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cost import PROFILES
     from ..limits import MemoryLimit
-    from .experiment import get_run_planner, report_table, run_planned_training
+    from .experiment import report_table, run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
@@ -150,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_output(args.output, args.force) if args.output else None
     if plan is None:
-        get_run_planner(args.planner, args.agent)  # unknown names and unreadable checkpoints fail now
+        from dqn_swap.agents import get_planner
+
+        get_planner(args.planner, agent=args.agent)  # unknown names and unreadable agent files fail now
 
     def say(message: str) -> None:
         if not args.quiet:

@@ -16,14 +16,14 @@ LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS, PLANNER_NAMES
+    from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS, planner_help
 
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
     p.add_argument("--planner", default="dqn",
-                   help=f"who plans: {', '.join(PLANNER_NAMES)} (default dqn, the shipped agent)")
-    p.add_argument("--agent", help="DQN checkpoint for --planner dqn / dqn-search "
-                                   "(default: checkpoints/default.pt)")
+                   help=f"who plans (default dqn, the shipped agent): {planner_help()}")
+    p.add_argument("--agent", help="agent file for --planner dqn / dqn-search "
+                                   "(default: the shipped agent, checkpoints/default.pt)")
     p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
                    help="how --planner dqn reads its Q-values: greedy (one action, then look again), "
                         "cover (the best actions until the bytes missing are covered, then look again; "

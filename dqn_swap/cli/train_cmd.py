@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_training_options(p: argparse.ArgumentParser, default_limits: str) -> None:
     """Options ``train`` and ``finetune`` share."""
     p.add_argument("--memory-limits", "-m", default=default_limits, help=LIMITS_HELP + LIMIT_HELP)
-    p.add_argument("-o", "--output", required=True, help="agent checkpoint to write (.pt)")
+    p.add_argument("-o", "--output", required=True, help="agent file to write (.pt)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="change a training setting (a field of dqn_swap.agents.dqn.DQNConfig, for example "
                         "--set eval_every=500 --set learning_rate=3e-4); repeatable")
@@ -138,7 +138,7 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
 
         curve = str(plot_curves({curve_label: [(e["step"], e["score"]) for e in evaluations]}, args.curve,
                                 title=f"{Path(args.output).name}: {', '.join(args.traces)} @ {args.memory_limits}"))
-    summary = {"checkpoint": str(result.path), "steps": result.steps, "wall_time_s": round(result.wall_time, 2),
+    summary = {"agent_file": str(result.path), "steps": result.steps, "wall_time_s": round(result.wall_time, 2),
                "best": dict(result.best), "last_evaluation": last,
                "per_environment": evaluations[-1].get("per_env", {}) if evaluations else {},
                "traces": list(args.traces), "memory_limits": split_limits(args.memory_limits), "curve": curve}
@@ -146,7 +146,7 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
         print_json(summary)
         return 0
     best = result.best
-    rows = [("checkpoint", summary["checkpoint"]), ("steps", str(result.steps)),
+    rows = [("agent file", summary["agent_file"]), ("steps", str(result.steps)),
             ("wall time", human("wall_time_s", result.wall_time)),
             ("best", f"score {best.get('score', float('nan')):.4f} at step {best.get('step')} "
                      f"(overhead {best.get('overhead', float('nan')):.4f}, feasible {best.get('feasible', 0):.0%})")]

@@ -2,8 +2,9 @@
 
 :class:`PlannedExecution` wraps a user's own training step (see
 :mod:`dqn_swap.runtime.execution` for how each mechanism works).  The runtime
-depends on the core alone (trace, plan, simulator for plans without a
-schedule) and applies what the plan's schedule says; the experiment harness
+depends on the core alone (trace, plan) and applies what the plan's schedule
+says: it never plans, and refuses a plan without a schedule
+(:func:`dqn_swap.simulator.schedule_plan` makes one); the experiment harness
 that compares it with other methods lives with the command line
 (:mod:`dqn_swap.cli.experiment`).
 
@@ -16,12 +17,12 @@ from .backend import Backend, CudaBackend, HostBackend, backend_for
 from .execution import (HeldInputWarning, InfeasiblePlanError, IterationStats, PlannedExecution,
                         PlannedOutOfMemoryError, UnsupportedTrainingError, enable_expandable_segments,
                         prefetch_positions, refuse_unsupported)
-from .index import PlanIndex, build_index, make_plan, recomputable_activations, saved_activations
+from .index import PlanIndex, build_index
 from .recompute import RecomputeError, TraceMismatchError
 from .swap import HostBufferPool
 
 __all__ = ["Backend", "CudaBackend", "HeldInputWarning", "HostBackend", "HostBufferPool", "InfeasiblePlanError",
            "IterationStats", "PlanIndex",
            "PlannedExecution", "PlannedOutOfMemoryError", "RecomputeError", "TraceMismatchError",
-           "UnsupportedTrainingError", "backend_for", "build_index", "enable_expandable_segments", "make_plan",
-           "prefetch_positions", "recomputable_activations", "refuse_unsupported", "saved_activations"]
+           "UnsupportedTrainingError", "backend_for", "build_index", "enable_expandable_segments",
+           "prefetch_positions", "refuse_unsupported"]

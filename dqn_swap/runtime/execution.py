@@ -654,8 +654,9 @@ class PlannedExecution:
         model: the trained module (or its ``DistributedDataParallel`` wrapper); its parameters
             tell the device (``device`` overrides).  FSDP2-sharded and compiled models are refused
             (:class:`UnsupportedTrainingError`).
-        plan: the plan; its fingerprint must be the trace's (``check_plan``).  A plan without a
-            schedule (a version 1 file, or made by hand) is scheduled by the simulator first.
+        plan: the plan, with its schedule; its fingerprint must be the trace's (``check_plan``).  A
+            plan without a schedule (a version 1 file) is refused (``ValueError``):
+            :func:`dqn_swap.simulator.schedule_plan` adds it.
         trace: the trace the plan was made for, recorded on this model and batch size.
         device: where the model runs; default the model's parameters' device.
         backend: the device's streams and copies (:mod:`dqn_swap.runtime.backend`); default CUDA on
@@ -717,9 +718,9 @@ class PlannedExecution:
                 f"limit of {format_bytes(plan.memory_limit)}{where}; re-plan with a higher limit, or pass "
                 "allow_infeasible=True to follow it anyway")
         if plan.schedule is None:
-            from ..simulator import schedule_plan
-
-            plan = schedule_plan(trace, plan)
+            raise ValueError(f"the plan of planner {plan.planner!r} has no schedule (a version 1 file, or made "
+                             "without the simulator): the runtime follows a schedule and makes none; "
+                             "plan = dqn_swap.simulator.schedule_plan(trace, plan) adds it")
         if device is None:
             device = backend.device if backend is not None else None
         if device is None:
@@ -866,10 +867,11 @@ class PlannedExecution:
 
 
 def prefetch_positions(trace: Trace, plan: Plan) -> dict[int, int]:
-    """The op at which each swapped tensor's prefetch starts, by the plan's schedule (for inspection)."""
-    from ..simulator import schedule_plan
-
-    return dict(schedule_plan(trace, plan).schedule.prefetch)  # type: ignore[union-attr]
+    """The op at which each swapped tensor's prefetch starts, by the plan's schedule (for inspection);
+    ``ValueError`` for a plan without one (:func:`dqn_swap.simulator.schedule_plan` adds it)."""
+    if plan.schedule is None:
+        raise ValueError("the plan has no schedule; plan = dqn_swap.simulator.schedule_plan(trace, plan) adds it")
+    return dict(plan.schedule.prefetch)
 
 
 __all__ = ["HeldInputWarning", "InfeasiblePlanError", "IterationStats", "PlannedExecution",

@@ -18,18 +18,15 @@ this index only says where in a live iteration each decision applies.
   the trace (``Trace.module_call_op``; no op is under way when a module's
   forward begins), so that the runtime's dispatch mode is on only around
   those ops.
-
-It also makes plans by hand (:func:`make_plan`), checked and scheduled by the simulator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..plan import Action, ActionKind, Plan, RecomputeStep
+from ..plan import ActionKind, Plan, RecomputeStep
 from ..trace import EventKind, Phase, Role, Trace
 
 #: The CUDA caching allocator hands out blocks in multiples of 512 bytes;
@@ -268,60 +265,5 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
                      max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes))
 
 
-# ---------------------------------------------------------------- hand-made plans
-def saved_activations(trace: Trace) -> list[int]:
-    """Tensor ids of the saved tensors a plan may move (saved for backward, made in the forward
-    pass or an input, used again after their last forward use), in packing order."""
-    action, _ = trace.action_window
-    seen: dict[int, None] = {}
-    for tid in trace.saved.tolist():
-        op = trace.tensor_alloc_op[tid]
-        if action[tid] >= 0 and (op < 0 or trace.op_phase[op] == Phase.FORWARD):
-            seen.setdefault(int(tid), None)
-    return list(seen)
-
-
-def recomputable_activations(trace: Trace) -> list[int]:
-    """The :func:`saved_activations` a plan may remove for recomputation (the simulator's rules)."""
-    from ..simulator import Simulator
-
-    sim = Simulator(trace, trace.peak_bytes)
-    return [t for t in saved_activations(trace)
-            if sim.why_invalid(Action(last_forward_event(trace, t), t, ActionKind.RECOMPUTE)) is None]
-
-
-def last_forward_event(trace: Trace, tid: int) -> int:
-    """The last event of ``tid`` in its last forward use (the event a plan acts after)."""
-    op = int(trace.action_window[0][tid])
-    ev = np.flatnonzero((trace.event_tensor == tid) & (trace.event_op == op) & (trace.event_kind != EventKind.FREE))
-    if op < 0 or not len(ev):
-        raise ValueError(f"tensor {tid} is not an activation a plan can move")
-    return int(ev[-1])
-
-
-def make_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int] = (), *,
-              memory_limit: int | None = None, planner: str = "manual") -> Plan:
-    """A plan that swaps ``swap`` and recomputes ``recompute`` right after their last forward use,
-    checked and scheduled by the simulator (``ValueError`` names an action it does not allow).
-
-    ``memory_limit`` defaults to the trace's unplanned peak.
-    """
-    from ..simulator import Simulator
-
-    limit = int(memory_limit if memory_limit is not None else trace.peak_bytes)
-    actions = [Action(last_forward_event(trace, t), int(t), ActionKind.SWAP) for t in swap]
-    actions += [Action(last_forward_event(trace, t), int(t), ActionKind.RECOMPUTE) for t in recompute]
-    sim = Simulator(trace, limit)
-    for a in actions:
-        why = sim.why_invalid(a)
-        if why is not None:
-            raise ValueError(why)
-    result = sim.run(actions)
-    return Plan(actions=Plan.sorted_actions(actions), memory_limit=limit, trace_fingerprint=trace.fingerprint,
-                profile=str(trace.meta.get("profile", "")), planner=planner, figures=result.figures(),
-                schedule=result.schedule)
-
-
 __all__ = ["NO_OP", "PROGRESS", "RECOMPUTE", "SIZE_QUANTUM", "SWAP", "TRACK", "OpInfo", "PlanIndex",
-           "Window", "build_index", "last_forward_event", "make_plan", "recomputable_activations", "round_size",
-           "saved_activations"]
+           "Window", "build_index", "round_size"]

@@ -1,4 +1,5 @@
-"""The baseline planners (dqn_swap.agents.baselines): each paper's known behaviour, and honest plans."""
+"""The baseline planners (dqn_swap.agents.baselines) and the simple rules (dqn_swap.agents.simple): each
+paper's known behaviour, and honest plans."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ import random
 import numpy as np
 import pytest
 
-from dqn_swap.agents.baselines import PLANNERS, Planner, get_planner
+from dqn_swap.agents import get_planner, planner_names
 from dqn_swap.agents.baselines.base import TraceFacts
-from dqn_swap.agents.baselines.checkpoint import layers, sqrt_plan
+from dqn_swap.agents.baselines.sqrt_n import layers, sqrt_plan
 from dqn_swap.agents.baselines.lru import lru_replay
 from dqn_swap.agents.baselines.tflms import swap_distance
 from dqn_swap.agents.baselines.vdnn import convolution_inputs
 from dqn_swap.agents.baselines.window import use_gaps
 from dqn_swap.cost import get_profile
 from dqn_swap.plan import Action, ActionKind
+from dqn_swap.planners import Planner, manual_plan, saved_activations
 from dqn_swap.simulator import Simulator, simulate
 from dqn_swap.trace import Phase, Role, Trace, TraceBuilder
 
@@ -107,7 +109,7 @@ def between(trace: Trace, fraction: float) -> int:
 
 
 # ----------------------------------------------------------------------------- every planner
-@pytest.mark.parametrize("name", list(PLANNERS))
+@pytest.mark.parametrize("name", [*planner_names("baseline"), *planner_names("switch"), *planner_names("simple")])
 @pytest.mark.parametrize("fraction", [0.5, -0.5])
 def test_plan_is_honest(tiny_resnet_trace: Trace, name: str, fraction: float) -> None:
     """Fingerprint, planner name and limit are right; figures are exactly a fresh simulation.
@@ -131,7 +133,7 @@ def test_plan_is_honest(tiny_resnet_trace: Trace, name: str, fraction: float) ->
 def test_feasible_where_possible(tiny_resnet_trace: Trace) -> None:
     """At a limit halfway between minimum and peak every planner but ``none`` finds a feasible plan."""
     trace = tiny_resnet_trace
-    for name in PLANNERS:
+    for name in planner_names("baseline"):
         plan = get_planner(name).plan(trace, between(trace, 0.5), PROFILE)
         assert plan.figures["feasible"] is (name != "none"), name
 
@@ -141,6 +143,22 @@ def test_unknown_planner_and_setting() -> None:
         get_planner("nope")
     with pytest.raises(TypeError, match="no setting"):
         get_planner("greedy", window=3)
+    with pytest.raises(ValueError, match=r"^planner 'checkpoint' is now called 'sqrt-n'$"):
+        get_planner("checkpoint")
+
+
+def test_greedy_swap_swaps_the_largest_activations_until_the_plan_fits(tiny_resnet_trace: Trace) -> None:
+    """``greedy-swap`` is the shortest feasible prefix of the activations by decreasing size."""
+    trace = tiny_resnet_trace
+    limit = between(trace, 0.5)
+    plan = get_planner("greedy-swap").plan(trace, limit, PROFILE)
+    order = sorted(saved_activations(trace), key=lambda t: -int(trace.tensor_nbytes[t]))
+    k = plan.n_swap
+    assert plan.figures["feasible"] and plan.n_recompute == 0 and 0 < k < len(order)
+    assert sorted(a.tensor for a in plan.actions) == sorted(order[:k])
+    shorter = manual_plan(trace, swap=order[:k - 1], memory_limit=limit, profile=PROFILE)
+    assert not shorter.figures["feasible"]
+    assert plan.schedule is not None and plan.figures == simulate(trace, plan).figures()
 
 
 def test_none_plans_nothing(tiny_resnet_trace: Trace) -> None:
@@ -260,7 +278,7 @@ def test_window_swaps_the_gaps_wider_than_the_window(tiny_resnet_trace: Trace) -
     assert not wider.figures["feasible"]
 
 
-def test_checkpoint_keeps_about_sqrt_n_boundaries() -> None:
+def test_sqrt_n_keeps_about_sqrt_n_boundaries() -> None:
     n = 16
     trace = chain_trace([10 * MB] * (n + 1), [1e-3] * n, [1e-3] * (n + 1))
     facts = TraceFacts(trace)
@@ -268,14 +286,14 @@ def test_checkpoint_keeps_about_sqrt_n_boundaries() -> None:
     assert len(ops) == n and split.all()  # a chain: every layer splits it
     keep = sqrt_plan(split)
     assert keep.sum() == 4 and np.flatnonzero(keep).tolist() == [3, 7, 11, 15]
-    plan = get_planner("checkpoint", budget_search=False).plan(trace, trace.peak_bytes, PROFILE)
+    plan = get_planner("sqrt-n", budget_search=False).plan(trace, trace.peak_bytes, PROFILE)
     assert plan.n_swap == 0 and plan.n_recompute == n - 4
     assert {a.tensor for a in plan.actions} == set(facts.act_tensor.tolist()) - {
         int(t) for t in facts.act_tensor if keep[np.searchsorted(ops, trace.tensor_alloc_op[t])]}
     assert plan.figures["feasible"] and plan.figures["recompute_time"] > 0
 
 
-def test_checkpoint_splits_a_resnet_at_block_outputs(tiny_resnet_trace: Trace) -> None:
+def test_sqrt_n_splits_a_resnet_at_block_outputs(tiny_resnet_trace: Trace) -> None:
     trace = tiny_resnet_trace
     ops, _, split = layers(TraceFacts(trace))
     names = {trace.module_names[trace.op_module[o]] for o in ops[split]}
@@ -316,8 +334,8 @@ def test_lru_recomputes_cheap_layers_and_swaps_expensive_ones() -> None:
     assert swap_only.n_recompute == 0
 
 
-def test_checkpoint_says_it_is_not_applicable_to_a_recurrence(tiny_resnet_trace: Trace) -> None:
-    """An unrolled LSTM has almost no splitting point: checkpoint returns the empty plan and says why,
+def test_sqrt_n_says_it_is_not_applicable_to_a_recurrence(tiny_resnet_trace: Trace) -> None:
+    """An unrolled LSTM has almost no splitting point: sqrt-n returns the empty plan and says why,
     instead of a 'feasible' plan that re-creates the whole recurrence one op at a time per read."""
     import torch
 
@@ -330,7 +348,7 @@ def test_checkpoint_says_it_is_not_applicable_to_a_recurrence(tiny_resnet_trace:
     trace = record_trace(model, tokens, lambda out: out.sum(), lambda p: torch.optim.SGD(p, lr=0.1), device="meta")
     ops, _, split = layers(TraceFacts(trace))
     assert int(split.sum()) < math.ceil(math.sqrt(len(ops))) - 1  # the recurrence is one segment
-    planner = get_planner("checkpoint")
+    planner = get_planner("sqrt-n")
     tight = planner.plan(trace, between(trace, 0.5), PROFILE)
     assert tight.actions == () and not tight.figures["feasible"]
     assert tight.settings["limitation"].startswith("not applicable: the forward graph has")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dqn_swap.agents.baselines import get_planner
+from dqn_swap.agents import get_planner
 from dqn_swap.agents.dqn import DQNConfig, load_agent, train
 from dqn_swap.agents.dqn.algorithm import margin_loss
 from dqn_swap.agents.dqn.demonstrations import action_nodes, best_demonstration, demonstration_episode
@@ -33,8 +33,8 @@ def test_a_replayed_plan_takes_only_its_own_actions_and_fits(tiny_resnet_trace):
 
 def test_the_best_demonstration_is_the_best_replay(tiny_resnet_trace):
     env = make_env(tiny_resnet_trace, LIMIT, None, DQNConfig())
-    steps, info = best_demonstration(env, ("window", "checkpoint", "lru"))
-    for name in ("window", "checkpoint", "lru"):
+    steps, info = best_demonstration(env, ("window", "sqrt-n", "lru"))
+    for name in ("window", "sqrt-n", "lru"):
         plan = get_planner(name).plan(tiny_resnet_trace, env.memory_limit)
         if plan.figures["feasible"]:
             demonstration_episode(env, plan)

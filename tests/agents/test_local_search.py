@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dqn_swap.agents.baselines import get_planner
+from dqn_swap.agents import get_planner
 from dqn_swap.agents.local_search import default_simulations, polish
 from dqn_swap.cost import get_profile
 from dqn_swap.plan import Action, ActionKind
@@ -30,7 +30,7 @@ def test_an_unneeded_recompute_is_dropped(tiny_resnet_trace) -> None:
     assert got.result.makespan == pytest.approx(trace.compute_time)
 
 
-@pytest.mark.parametrize("planner", ["checkpoint", "lru", "window", "vdnn"])
+@pytest.mark.parametrize("planner", ["sqrt-n", "lru", "window", "vdnn"])
 @pytest.mark.parametrize("fraction", [0.3, 0.6])
 def test_polish_keeps_plans_feasible_and_never_slower(tiny_resnet_trace, planner: str, fraction: float) -> None:
     trace = tiny_resnet_trace

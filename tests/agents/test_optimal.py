@@ -15,8 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from dqn_swap.agents import get_planner
-from dqn_swap.agents.baselines import PLANNERS
+from dqn_swap.agents import get_planner, planner_names
 from dqn_swap.agents.optimal import OptimalPlanner, SwapProgram, candidates, critical_ops
 from dqn_swap.agents.optimal.solver import silenced, solve
 from dqn_swap.plan import Action, ActionKind
@@ -83,8 +82,8 @@ def test_bound_is_valid_on_a_network(tiny_resnet_trace: Trace) -> None:
         bound = plan.settings["certified_bound"]
         assert bound >= Simulator(trace, limit, PROFILE).lower_bound * (1 - 1e-12)
         assert plan.figures["feasible"]
-        for name in PLANNERS:
-            other = PLANNERS[name]().plan(trace, limit, PROFILE)
+        for name in planner_names("baseline"):
+            other = get_planner(name).plan(trace, limit, PROFILE)
             if other.figures["feasible"]:
                 assert bound <= other.figures["makespan"] * (1 + 1e-9), name
                 # and, proved optimal, the plan is at least as good as every baseline's
@@ -102,10 +101,10 @@ def test_never_worse_than_a_baseline_in_its_own_model(tiny_resnet_trace: Trace) 
     prog = SwapProgram(sim, cands, critical_ops(sim, cands))
     opt = solve(prog, time_limit=60, gap=0.0)
     assert opt.status == 0
-    names = ["window", "tflms", "lru", "checkpoint"]  # swap-only, mixed and recompute-only plans
+    names = ["window", "tflms", "lru", "sqrt-n"]  # swap-only, mixed and recompute-only plans
     compared = 0
     for name in names:
-        plan = PLANNERS[name]().plan(trace, limit, PROFILE)
+        plan = get_planner(name).plan(trace, limit, PROFILE)
         lb, ub = prog.fix(plan.actions)
         fixed = solve(prog, time_limit=60, gap=0.0, lb=lb, ub=ub)
         if fixed.status == 0:  # the baseline's actions cover every checkpoint
@@ -185,8 +184,8 @@ def test_never_slower_than_any_incumbent(tiny_resnet_trace: Trace) -> None:
     for trace, limit in cases:
         plan = OptimalPlanner(time_limit=5.0).plan(trace, limit, PROFILE)
         s = plan.settings
-        assert set(s["incumbents"]) == {*PLANNERS} - {"none"} | {"dqn"}
-        for name in [*PLANNERS, "dqn"]:
+        assert set(s["incumbents"]) == {*planner_names("baseline")} - {"none"} | {"dqn"}
+        for name in [*planner_names("baseline"), "dqn"]:
             other = get_planner(name).plan(trace, limit, PROFILE)
             if other.figures["feasible"]:
                 assert plan.figures["feasible"], name
@@ -227,7 +226,7 @@ def test_starting_plans_are_taken_by_the_solver(tiny_resnet_trace: Trace) -> Non
     sim = Simulator(trace, limit, PROFILE)
     cands = candidates(sim)
     prog = SwapProgram(sim, cands, critical_ops(sim, cands))
-    start = PLANNERS["window"]().plan(trace, limit, PROFILE)
+    start = get_planner("window").plan(trace, limit, PROFILE)
     assert start.figures["feasible"]
     lb, ub = prog.fix(start.actions)
     fixed = solve(prog, time_limit=30, gap=0.0, lb=lb, ub=ub)

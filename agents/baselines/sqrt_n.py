@@ -1,4 +1,4 @@
-"""Sublinear-memory checkpointing (Chen et al. 2016; MXNet's memonger).
+"""The ``sqrt-n`` planner: sublinear-memory checkpointing (Chen et al. 2016; MXNet's memonger).
 
 Chen, Xu, Zhang and Guestrin, "Training deep nets with sublinear memory
 cost" (arXiv:1604.06174): split an ``n``-layer chain into about ``sqrt(n)``
@@ -125,10 +125,10 @@ def memonger_budgets(sizes: np.ndarray, split: np.ndarray, trials: int = 6, gues
     return budgets
 
 
-class CheckpointPlanner(BasePlanner):
+class SqrtNPlanner(BasePlanner):
     """Chen et al.'s sqrt(n) recompute-only checkpointing with memonger's budget search."""
 
-    name = "checkpoint"
+    name = "sqrt-n"
     limitation = ("recompute only: it never swaps, so each segment's kept input, the activations that cannot be "
                   "recomputed (written in place after they were made) and a segment's re-created activations "
                   "stay on the device")

@@ -1,16 +1,17 @@
-"""Agent checkpoints: weights, configuration, format version, training traces' fingerprints.
+"""Agent files: a trained agent's weights, configuration, format version, training traces' fingerprints.
 
-A checkpoint is a ``torch.save`` of plain containers and tensors only, so it
-loads with ``torch.load(weights_only=True)`` and cannot run code::
+An agent file (``.pt``; the shipped agents are in ``dqn_swap.checkpoints``) is a
+``torch.save`` of plain containers and tensors only, so it loads with
+``torch.load(weights_only=True)`` and cannot run code::
 
     {"format": "dqn-swap-agent", "version": 1,
      "config": {... DQNConfig ...}, "state_dict": {...},
      "trace_fingerprints": [...], "training": {...}}
 
-Any problem (missing file, not a checkpoint, other version, corrupt weights)
-raises :class:`CheckpointError` with one line naming the file.  Saving never
+Any problem (missing file, not an agent file, other version, corrupt weights)
+raises :class:`AgentFileError` with one line naming the file.  Saving never
 replaces an existing file unless ``overwrite=True``, and writes through a
-temporary file so a crash never leaves half a checkpoint under the real name.
+temporary file so a crash never leaves half a file under the real name.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ VERSION = 1
 RESUME_FORMAT = "dqn-swap-agent-resume"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message is one line naming the file."""
+class AgentFileError(ValueError):
+    """An agent file that cannot be used; the message is one line naming the file."""
 
 
 def _atomic_save(obj: Any, path: Path, overwrite: bool) -> Path:
@@ -48,7 +49,7 @@ def _atomic_save(obj: Any, path: Path, overwrite: bool) -> Path:
 def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *,
                trace_fingerprints: list[str], training: dict[str, Any] | None = None,
                overwrite: bool = False) -> Path:
-    """Write an agent checkpoint (see the module docstring)."""
+    """Write an agent file (see the module docstring)."""
     obj = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
            "state_dict": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
            "trace_fingerprints": list(trace_fingerprints), "training": dict(training or {})}
@@ -58,32 +59,32 @@ def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *
 def _load_raw(path: Path, fmt: str) -> dict[str, Any]:
     special = not_a_regular_file(path)
     if special:
-        raise CheckpointError(special)
+        raise AgentFileError(special)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such file") from None
+        raise AgentFileError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint") from None
+        raise AgentFileError(f"{path}: is a directory, not an agent file") from None
     except PermissionError:
-        raise CheckpointError(f"{path}: permission denied") from None
+        raise AgentFileError(f"{path}: permission denied") from None
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
-        raise CheckpointError(f"{path}: not a dqn-swap agent checkpoint ({first[:120]})") from None
+        raise AgentFileError(f"{path}: not a dqn-swap agent file ({first[:120]})") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError,
             UnicodeDecodeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first[:120]})") from None
+        raise AgentFileError(f"{path}: corrupt or truncated agent file ({first[:120]})") from None
     if not isinstance(obj, dict) or obj.get("format") != fmt:
-        raise CheckpointError(f"{path}: not a dqn-swap agent checkpoint")
+        raise AgentFileError(f"{path}: not a dqn-swap agent file")
     if obj.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {obj.get('version')} is not supported "
+        raise AgentFileError(f"{path}: agent file format version {obj.get('version')} is not supported "
                               f"(this dqn-swap reads version {VERSION})")
     return obj
 
 
 def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork, DQNConfig, dict[str, Any]]:
-    """``(network, config, checkpoint dict)``; raises :class:`CheckpointError`."""
+    """``(network, config, the file's dict)``; raises :class:`AgentFileError`."""
     path = Path(path)
     obj = _load_raw(path, FORMAT)
     try:
@@ -95,7 +96,7 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork, DQNConfig, dict[
             raise ValueError(f"weights {bad[0]} are not finite (NaN or infinity)")
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: corrupt checkpoint ({first[:160]})") from None
+        raise AgentFileError(f"{path}: corrupt agent file ({first[:160]})") from None
     net.eval()
     return net, config, obj
 

@@ -1,4 +1,4 @@
-"""Agent checkpoints: round trip, no silent overwrite, clear errors for bad files."""
+"""Agent files: round trip, no silent overwrite, clear errors for bad files; the shipped agents load."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from dqn_swap.agents.dqn import CheckpointError, DQNConfig, DQNPlanner, QNetwork, load_agent, save_agent
+from dqn_swap.agents.dqn import AgentFileError, DQNConfig, DQNPlanner, QNetwork, load_agent, save_agent
 
 
 @pytest.fixture()
@@ -40,14 +40,14 @@ def test_never_overwrites_unless_asked(saved):
 
 
 def one_line_error(path) -> str:
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(AgentFileError) as err:
         load_agent(path)
     msg = str(err.value)
     assert "\n" not in msg and str(path) in msg
     return msg
 
 
-def test_bad_checkpoints(tmp_path, saved):
+def test_bad_agent_files(tmp_path, saved):
     path, net, cfg = saved
     assert "no such file" in one_line_error(tmp_path / "missing.pt")
     assert "directory" in one_line_error(tmp_path)
@@ -77,14 +77,14 @@ def test_pickled_code_is_refused(tmp_path):
     one_line_error(tmp_path / "evil.pt")
 
 
-def test_planner_reports_bad_checkpoint(tmp_path):
-    with pytest.raises(CheckpointError):
+def test_planner_reports_a_bad_agent_file(tmp_path):
+    with pytest.raises(AgentFileError):
         DQNPlanner(tmp_path / "nothing.pt")
-    assert issubclass(CheckpointError, ValueError)
+    assert issubclass(AgentFileError, ValueError)
 
 
 def test_shipped_agents_load_and_stay_small():
-    """Every agent under checkpoints/ loads with weights_only and is a few MB at most (the issue's budget)."""
+    """Every shipped agent (checkpoints/) loads with weights_only and is a few MB at most."""
     from pathlib import Path
 
     from dqn_swap.agents.dqn.planner import DEFAULT_AGENT

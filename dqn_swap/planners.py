@@ -1,0 +1,204 @@
+"""The planner contract and the one registry of planner names; plans made by hand from tensor lists.
+
+A *planner* maps a recorded :class:`~dqn_swap.trace.Trace`, a memory limit in bytes and a
+device profile to a :class:`~dqn_swap.plan.Plan` whose ``figures`` are the simulator's
+(:class:`Planner`).  Every planner of the project is reached by its name through this module's
+registry: :func:`get_planner` builds one, :func:`planner_names` lists them (by ``kind``),
+:func:`planner_help` gives the one-line summary of each for ``--help``.  The core defines the
+contract and holds the registry but implements no planner: the planners live on the agents'
+side (``dqn_swap.agents``) and register themselves when that package is imported, so that the
+core never imports the layers above it.  ``dqn_swap.get_planner`` and the command line import
+the agents first.
+
+Kinds of planner:
+
+* ``dqn`` -- the learned planners (the DQN paper's structure2vec agent, greedy or with search);
+* ``baseline`` -- the heuristics of the papers the DQN is compared with;
+* ``optimal`` -- the exact planner (a mixed-integer program) with its certified bound;
+* ``simple`` -- plans made by a fixed rule (swap every activation, recompute every one, swap
+  the largest until the plan fits), for experiments and tests.
+
+The second half of the module makes a plan from named tensors (:func:`manual_plan`): the
+tensors to swap and to recompute, each acting right after its last forward use, checked and
+scheduled by the simulator.  The simple planners are built on it; tests use it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .cost import DeviceProfile, profile_of
+from .plan import Action, ActionKind, Plan
+from .trace import EventKind, Phase, Trace
+
+#: The kinds a planner is registered under, in the order names are listed.
+#: ``switch``: what users switch on instead of planning (a framework's checkpointing or offloading flag).
+KINDS = ("dqn", "baseline", "switch", "optimal", "simple")
+
+#: Planner names that were renamed: old name -> new name (an old name is refused with one line saying so).
+RENAMED = {"checkpoint": "sqrt-n"}
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """What every planner does: ``plan(trace, memory_limit, profile) -> Plan``.
+
+    ``memory_limit`` is in bytes; ``profile`` is a :class:`~dqn_swap.cost.DeviceProfile`, the name
+    of one, or ``None`` for the one the trace was recorded with.  The plan's ``figures`` are the
+    simulator's for its actions (``figures["feasible"]`` false for a plan that does not fit).
+    """
+
+    name: str
+
+    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
+        """Choose actions for ``trace`` under ``memory_limit``; ``Plan.figures`` are simulated."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlannerEntry:
+    """One registered planner: its name, how to build it, its kind and its one-line summary.
+
+    ``factory(**settings)`` builds the planner; with ``takes_agent`` it also takes ``agent``, the
+    agent file the planner reads (``None``: the shipped agent).
+    """
+
+    name: str
+    factory: Callable[..., Planner]
+    kind: str
+    summary: str
+    takes_agent: bool = False
+
+
+_REGISTRY: dict[str, PlannerEntry] = {}
+
+
+def register(name: str, factory: Callable[..., Planner], *, kind: str, summary: str,
+             takes_agent: bool = False) -> None:
+    """Register the planner ``name``: ``factory(**settings)`` builds it (see :class:`PlannerEntry`).
+
+    Registering a name twice with another factory is an error (``ValueError``), as is a kind
+    outside :data:`KINDS` or a summary that is not one line.
+    """
+    if not isinstance(name, str) or not name or name in RENAMED:
+        raise ValueError(f"a planner's name must be a new non-empty string, not {name!r}")
+    if kind not in KINDS:
+        raise ValueError(f"planner {name!r}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if not summary or "\n" in summary:
+        raise ValueError(f"planner {name!r}: the summary must be one line")
+    entry = PlannerEntry(name, factory, kind, summary, takes_agent)
+    old = _REGISTRY.get(name)
+    if old is not None and old != entry:
+        raise ValueError(f"planner {name!r} is already registered (kind {old.kind})")
+    _REGISTRY[name] = entry
+
+
+def planner_names(kind: str | None = None) -> tuple[str, ...]:
+    """The registered planner names, by kind (:data:`KINDS` order) then in registration order;
+    with ``kind``, only that kind's."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"unknown kind of planner {kind!r}; choose one of: {', '.join(KINDS)}")
+    kinds = KINDS if kind is None else (kind,)
+    return tuple(e.name for k in kinds for e in _REGISTRY.values() if e.kind == k)
+
+
+def planner_entry(name: str) -> PlannerEntry:
+    """The registry's entry of ``name``; an unknown or renamed name raises ``ValueError`` (one line)."""
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
+    if entry is not None:
+        return entry
+    if isinstance(name, str) and name in RENAMED:
+        raise ValueError(f"planner {name!r} is now called {RENAMED[name]!r}")
+    if not _REGISTRY:
+        raise ValueError(f"unknown planner {name!r}: no planner is registered yet; import dqn_swap.agents "
+                         "(dqn_swap.get_planner does) to register them")
+    raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(planner_names())}")
+
+
+def check_planner_name(name: str) -> str:
+    """``name`` if it is a registered planner's; ``ValueError`` otherwise (see :func:`planner_entry`)."""
+    return planner_entry(name).name
+
+
+def get_planner(name: str, *, agent: str | None = None, **settings: Any) -> Planner:
+    """The planner called ``name`` with ``settings`` (its own keyword arguments).
+
+    ``agent`` is the agent file of the planners that read one (the learned planners, and the exact
+    planner for its ``dqn`` incumbent; default: the shipped agent); the others ignore it.
+    An unknown name raises ``ValueError`` naming the registered ones; a renamed one names its new name.
+    """
+    entry = planner_entry(name)
+    if entry.takes_agent:
+        return entry.factory(agent=agent, **settings)
+    return entry.factory(**settings)
+
+
+def planner_help(kind: str | None = None) -> str:
+    """Every registered planner (of ``kind``) with its one-line summary, for ``--help``:
+    ``"dqn: the trained structure2vec agent's own plan ...; dqn-search: ..."``."""
+    return "; ".join(f"{n}: {_REGISTRY[n].summary}" for n in planner_names(kind))
+
+
+# --------------------------------------------------------------------------- plans made by hand
+def saved_activations(trace: Trace) -> list[int]:
+    """Tensor ids of the saved tensors a plan may move (saved for backward, made in the forward
+    pass or an input, used again after their last forward use), in packing order."""
+    action, _ = trace.action_window
+    seen: dict[int, None] = {}
+    for tid in trace.saved.tolist():
+        op = trace.tensor_alloc_op[tid]
+        if action[tid] >= 0 and (op < 0 or trace.op_phase[op] == Phase.FORWARD):
+            seen.setdefault(int(tid), None)
+    return list(seen)
+
+
+def recomputable_activations(trace: Trace) -> list[int]:
+    """The :func:`saved_activations` a plan may remove for recomputation (the simulator's rules)."""
+    from .simulator import Simulator
+
+    sim = Simulator(trace, trace.peak_bytes)
+    return [t for t in saved_activations(trace)
+            if sim.why_invalid(Action(last_forward_event(trace, t), t, ActionKind.RECOMPUTE)) is None]
+
+
+def last_forward_event(trace: Trace, tid: int) -> int:
+    """The last event of ``tid`` in its last forward use (the event a plan acts after)."""
+    op = int(trace.action_window[0][tid])
+    ev = np.flatnonzero((trace.event_tensor == tid) & (trace.event_op == op) & (trace.event_kind != EventKind.FREE))
+    if op < 0 or not len(ev):
+        raise ValueError(f"tensor {tid} is not an activation a plan can move")
+    return int(ev[-1])
+
+
+def manual_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int] = (), *,
+                memory_limit: int | None = None, planner: str = "manual",
+                profile: DeviceProfile | str | None = None) -> Plan:
+    """A plan that swaps ``swap`` and recomputes ``recompute`` (tensor ids) right after their last
+    forward use, checked and scheduled by the simulator (``ValueError`` names an action it does not
+    allow); its figures are the simulator's.
+
+    ``memory_limit`` defaults to the trace's unplanned peak; ``profile`` to the trace's own.
+    """
+    from .simulator import Simulator
+
+    limit = int(memory_limit if memory_limit is not None else trace.peak_bytes)
+    actions = [Action(last_forward_event(trace, t), int(t), ActionKind.SWAP) for t in swap]
+    actions += [Action(last_forward_event(trace, t), int(t), ActionKind.RECOMPUTE) for t in recompute]
+    sim = Simulator(trace, limit, profile_of(trace, profile))
+    for a in actions:
+        why = sim.why_invalid(a)
+        if why is not None:
+            raise ValueError(why)
+    result = sim.run(actions)
+    name = sim.profile.name if profile is not None else str(trace.meta.get("profile", ""))
+    return Plan(actions=Plan.sorted_actions(actions), memory_limit=limit, trace_fingerprint=trace.fingerprint,
+                profile=name, planner=planner, figures=result.figures(), schedule=result.schedule)
+
+
+__all__ = ["KINDS", "RENAMED", "Planner", "PlannerEntry", "check_planner_name", "get_planner",
+           "last_forward_event", "manual_plan", "planner_entry", "planner_help", "planner_names",
+           "recomputable_activations", "register", "saved_activations"]
