@@ -12,6 +12,10 @@ Every time in dqn-swap comes from one :class:`DeviceProfile`:
   ``duplex`` the device-to-host and host-to-device copy engines run at the
   same time; without it one engine serves both directions in turn.
 * **recompute** -- re-running the producing op, so its compute time.
+* **collectives** (FSDP2's all-gathers and reduce-scatters) -- ``t = latency +
+  bytes / interconnect_bandwidth``, with the bytes one rank sends in a ring
+  algorithm (Patarasuk and Yuan, 2009): ``B (w - 1) / w`` for an all-gather or a
+  reduce-scatter of ``B`` bytes over ``w`` ranks, twice that for an all-reduce.
 
 The profiles are the machines of the papers: the DQN paper's GTX 1080 Ti on
 PCIe 3, the offloading paper's V100 on PCIe 3 (about 12 GB/s measured, its
@@ -49,7 +53,13 @@ class DeviceProfile:
         memory_bytes: device memory, the physical limit.
         efficiency: fraction of the peak compute and memory rates kernels reach.
         launch_overhead: seconds added to every op (kernel launch).
-        transfer_latency: seconds added to every copy.
+        transfer_latency: seconds added to every copy and every collective.
+        interconnect_bandwidth: bytes per second one rank sends (and receives) in a collective
+            between data-parallel ranks (NCCL's "bus bandwidth"): an all-gather or a
+            reduce-scatter over ``w`` ranks of a ``B``-byte buffer moves ``B (w - 1) / w`` bytes
+            per rank (:meth:`collective_time`).  Estimates for the profiles' machines
+            (peer-to-peer over their links); :func:`measure_collective_bandwidth` measures the
+            process group at hand.
     """
 
     name: str
@@ -64,6 +74,7 @@ class DeviceProfile:
     efficiency: float = 0.7
     launch_overhead: float = 5e-6
     transfer_latency: float = 10e-6
+    interconnect_bandwidth: float = 10 * GB
 
     def __post_init__(self) -> None:
         import math
@@ -74,7 +85,8 @@ class DeviceProfile:
         if not isinstance(self.duplex, bool):
             raise ValueError(f"device profile {self.name}: duplex is {self.duplex!r}, not true or false")
         for name in ("matrix_flops", "vector_flops", "memory_bandwidth", "d2h_bandwidth", "h2d_bandwidth",
-                     "memory_bytes", "efficiency", "launch_overhead", "transfer_latency"):
+                     "memory_bytes", "efficiency", "launch_overhead", "transfer_latency",
+                     "interconnect_bandwidth"):
             value = getattr(self, name)
             positive = name not in ("launch_overhead", "transfer_latency")
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
@@ -100,6 +112,11 @@ class DeviceProfile:
             raise ValueError(f"direction must be 'd2h' or 'h2d', not {direction!r}")
         return self.transfer_latency + np.asarray(nbytes, dtype=np.float64) / bw
 
+    def collective_time(self, wire_bytes: np.ndarray | float) -> np.ndarray | float:
+        """Seconds of a collective that sends ``wire_bytes`` per rank (the ring algorithms' cost,
+        ``latency + bytes / bandwidth``; the recorder computes the bytes per collective)."""
+        return self.transfer_latency + np.asarray(wire_bytes, dtype=np.float64) / self.interconnect_bandwidth
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -119,23 +136,23 @@ PROFILES: dict[str, DeviceProfile] = {
         DeviceProfile("gtx1080ti-pcie3", "GTX 1080 Ti, PCIe 3 x16 (the DQN paper's machine)",
                       matrix_flops=11.3 * TFLOP, vector_flops=11.3 * TFLOP, memory_bandwidth=484 * GB,
                       d2h_bandwidth=12 * GB, h2d_bandwidth=12 * GB, duplex=True,
-                      memory_bytes=11 * 1024**3),
+                      memory_bytes=11 * 1024**3, interconnect_bandwidth=10 * GB),
         DeviceProfile("v100-pcie3", "V100 16 GB, PCIe 3 at ~12 GB/s (offloading paper, section 6)",
                       matrix_flops=15.7 * TFLOP, vector_flops=15.7 * TFLOP, memory_bandwidth=900 * GB,
                       d2h_bandwidth=12 * GB, h2d_bandwidth=12 * GB, duplex=True,
-                      memory_bytes=16 * 1024**3),
+                      memory_bytes=16 * 1024**3, interconnect_bandwidth=10 * GB),
         DeviceProfile("v100-nvlink", "V100 16 GB, NVLink 2 at 2 x 50 GB/s (window paper's machine)",
                       matrix_flops=15.7 * TFLOP, vector_flops=15.7 * TFLOP, memory_bandwidth=900 * GB,
                       d2h_bandwidth=50 * GB, h2d_bandwidth=50 * GB, duplex=True,
-                      memory_bytes=16 * 1024**3),
+                      memory_bytes=16 * 1024**3, interconnect_bandwidth=50 * GB),
         DeviceProfile("a100-pcie4", "A100 40 GB, PCIe 4 at ~25 GB/s",
                       matrix_flops=156 * TFLOP, vector_flops=19.5 * TFLOP, memory_bandwidth=1555 * GB,
                       d2h_bandwidth=25 * GB, h2d_bandwidth=25 * GB, duplex=True,
-                      memory_bytes=40 * 1024**3),
+                      memory_bytes=40 * 1024**3, interconnect_bandwidth=20 * GB),
         DeviceProfile("h100-pcie5", "H100 80 GB, PCIe 5 at ~53 GB/s",
                       matrix_flops=378 * TFLOP, vector_flops=51 * TFLOP, memory_bandwidth=2000 * GB,
                       d2h_bandwidth=53 * GB, h2d_bandwidth=53 * GB, duplex=True,
-                      memory_bytes=80 * 1024**3),
+                      memory_bytes=80 * 1024**3, interconnect_bandwidth=40 * GB),
     ]
 }
 DEFAULT_PROFILE = "v100-pcie3"
@@ -224,6 +241,38 @@ def measure_profile(device: str = "cuda", base: str | None = None) -> DeviceProf
         d2h_bandwidth=bw["concurrent"] if duplex else bw["d2h"],
         h2d_bandwidth=bw["concurrent"] if duplex else bw["h2d"],
         duplex=duplex, memory_bytes=int(props.total_memory))
+
+
+def measure_collective_bandwidth(nbytes: int = 16 * 1024**2, repeats: int = 5, group: Any = None,
+                                 device: str | None = None) -> float:
+    """Bytes per second one rank sends in an all-gather of ``group`` (default: the default process
+    group), for :attr:`DeviceProfile.interconnect_bandwidth`: ``nbytes (w - 1) / w`` over the median
+    time of ``repeats`` all-gathers into an ``nbytes`` buffer (after one warm-up).  Every rank of the
+    group must call it; ``device`` defaults to cuda under nccl, else the cpu."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("measuring the collective bandwidth needs an initialised torch.distributed process group")
+    world = dist.get_world_size(group)
+    if world < 2:
+        raise ValueError("measuring the collective bandwidth needs at least 2 ranks")
+    if device is None:
+        device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    chunk = max(1, nbytes // world)
+    out = torch.empty(chunk * world, dtype=torch.uint8, device=device)
+    inp = torch.ones(chunk, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier(group)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dist.all_gather_into_tensor(out, inp, group=group)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()  # the collective is asynchronous: wait to read the clock
+        times.append(time.perf_counter() - t0)
+    return chunk * (world - 1) / float(np.median(times[1:]))
 
 
 def _closest_profile(gpu_name: str) -> str:

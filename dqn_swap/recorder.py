@@ -78,7 +78,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, op_name
-from .support import unsupported_reason
+from .support import local_tensor, unsharded_storages, unsupported_reason
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -120,6 +120,50 @@ def _mutated_args(func: torch._ops.OpOverload) -> tuple[int, ...]:
     """Positions of the schema arguments an op writes in place (``Tensor(a!)``)."""
     return tuple(i for i, a in enumerate(func._schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write)
+
+
+# c10d collectives (FSDP2's all-gathers and reduce-scatters, DDP's all-reduces) by the bytes one rank
+# sends in the ring algorithm, per byte of the largest buffer: (w - 1) / w times this factor.
+_COLLECTIVES = {
+    "_allgather_base_": 1.0, "allgather_": 1.0, "allgather_into_tensor_coalesced_": 1.0,
+    "allgather_coalesced_": 1.0, "_reduce_scatter_base_": 1.0, "reduce_scatter_": 1.0,
+    "reduce_scatter_tensor_coalesced_": 1.0, "allreduce_": 2.0, "allreduce_coalesced_": 2.0,
+    "broadcast_": None, "alltoall_base_": 1.0, "alltoall_": 1.0,
+}
+
+
+def _world_size(args: tuple) -> int:
+    """The size of the process group a c10d op was given (the default group's if it cannot say)."""
+    for a in args:
+        size = getattr(a, "size", None)
+        if callable(size) and not isinstance(a, torch.Tensor):
+            try:
+                n = size()
+            except Exception:  # noqa: BLE001 - not a process group after all
+                continue
+            if isinstance(n, int) and n > 0:
+                return n
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _wire_bytes(name: str, args: tuple, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:
+    """Bytes one rank sends in collective ``name`` (:data:`_COLLECTIVES`): for an all-gather or a
+    reduce-scatter of a ``B``-byte buffer (the larger side) over ``w`` ranks ``B (w - 1) / w``, for
+    an all-reduce twice that, for a broadcast ``B``."""
+    tensors = [*inputs, *outputs]
+    if not tensors:
+        return 0.0
+    if name.startswith("allreduce") or name.startswith("alltoall"):
+        total = sum(t.numel() * t.element_size() for t in {id(t): t for t in inputs}.values())
+    else:
+        total = max(t.numel() * t.element_size() for t in tensors)
+    factor = _COLLECTIVES[name]
+    if factor is None:
+        return float(total)
+    w = _world_size(args)
+    return factor * total * (w - 1) / w
 
 
 class _Recorder(TorchDispatchMode):
@@ -168,11 +212,20 @@ class _Recorder(TorchDispatchMode):
         self.pending_numbers: list[tuple[int, list[weakref.ref], list[tuple[str, int]]]] = []
         # autograd node (its sequence number) -> the hidden storages of the numbers it saved
         self.saved_numbers: dict[int, list[int]] = {}
+        # FSDP2's unsharded parameter storages (see poll_unsharded): storage key -> storage, the tensor
+        # ids they have had, and those allocated since the last recorded op (outputs of the next one).
+        self.unsharded: dict[int, torch.UntypedStorage] = {}
+        self.unsharded_tids: set[int] = set()
+        self.pending_alloc: list[int] = []
+        self.pending_free: list[int] = []  # allocated and freed again before an op recorded them
+        self.collectives: dict[int, float] = {}  # op -> bytes one rank sends (cost.DeviceProfile.collective_time)
 
     # ------------------------------------------------------------ storages
     def on_device(self, tree: Any) -> list[torch.Tensor]:
-        """Tensors of ``tree`` on the recorded device (host tensors use no GPU memory)."""
-        return [t for t in _tensors(tree) if t.device.type == self.device_type]
+        """Tensors of ``tree`` on the recorded device (host tensors use no GPU memory); a ``DTensor``
+        (FSDP2's sharded parameters, their gradients and optimizer state) as its local shard, the
+        memory this rank holds."""
+        return [local_tensor(t) for t in _tensors(tree) if t.device.type == self.device_type]
 
     def nbytes(self, t: torch.Tensor) -> int:
         n = t.untyped_storage().nbytes()
@@ -180,6 +233,15 @@ class _Recorder(TorchDispatchMode):
 
     def tid_of(self, t: torch.Tensor, role: Role = Role.INPUT) -> int:
         """Tensor id of ``t``'s storage; an unknown storage existed before the iteration."""
+        if self.unsharded:
+            key = t.untyped_storage()._cdata
+            if key in self.unsharded:
+                # One storage, a new tensor id every time FSDP gathers into it: by its key, not by the
+                # tensor object (the unsharded parameter outlives its storage's frees).
+                tid = self.live.get(key)
+                if tid is None:  # read while FSDP has it freed: no bytes
+                    tid = self.b.tensor(0, Role.PARAMETER, preexisting=True)
+                return tid
         tid = self.seen.get(t)
         if tid is not None:
             return tid
@@ -193,7 +255,10 @@ class _Recorder(TorchDispatchMode):
         return tid
 
     def hold(self, obj: Any, tid: int, key: int) -> None:
-        """Count ``obj`` as a holder of storage ``tid``; its death may free the storage."""
+        """Count ``obj`` as a holder of storage ``tid``; its death may free the storage.  (Not for
+        FSDP's unsharded parameters: FSDP frees those, :meth:`poll_unsharded`.)"""
+        if tid in self.unsharded_tids:
+            return
         if isinstance(obj, torch.Tensor):
             self.seen[obj] = tid
         self.holders[tid] += 1
@@ -218,15 +283,61 @@ class _Recorder(TorchDispatchMode):
         holds.  (Storages from before the iteration are held by their owner throughout: the
         runtime borrows a swapped input's storage instead, :attr:`dqn_swap.trace.Trace.movable`.)"""
         for tid, n in self.outside.items():
-            if n > 0 and self.b.t_held[tid] < 0 and self.b.t_alloc[tid] >= 0:
+            if n > 0 and self.b.t_held[tid] < 0 and self.b.t_alloc[tid] >= 0 and tid not in self.unsharded_tids:
                 self.b.held_until(tid, len(self.b.ops))
 
     def release(self, tid: int, key: int) -> None:
+        if tid in self.unsharded_tids:
+            return
         self.holders[tid] -= 1
         if self.holders[tid] == 0 and self.active:
             self.b.free(tid)
             if self.live.get(key) == tid:
                 del self.live[key]
+
+    def watch_unsharded(self, storages: list[torch.UntypedStorage]) -> None:
+        """Follow FSDP2's unsharded parameter storages (:func:`dqn_swap.support.unsharded_storages`);
+        one allocated now existed before the iteration (gathered in an earlier one and not resharded)."""
+        for s in storages:
+            key = s._cdata
+            self.unsharded[key] = s
+            if s.nbytes() and key not in self.live:
+                tid = self.b.tensor(self.nbytes_of(s), Role.PARAMETER, preexisting=True)
+                self.live[key] = tid
+                self.unsharded_tids.add(tid)
+
+    def nbytes_of(self, s: torch.UntypedStorage) -> int:
+        return -(-s.nbytes() // self.block) * self.block
+
+    def poll_unsharded(self) -> None:
+        """Note what FSDP2 did to its unsharded parameter storages since the last look.
+
+        FSDP allocates them with ``untyped_storage().resize_(size)`` right before it copies the
+        all-gathered bytes in (``fsdp.split_with_sizes_copy``, the next op), and frees them with
+        ``resize_(0)`` when it reshards (after a module's forward, after its backward).  A storage
+        resize is no dispatched op, so the recorder looks at their sizes before every op: one that
+        grew is a new tensor, allocated by the next recorded op (which writes it); one that shrank
+        to nothing is freed at the end of the last op.  Autograd's saved views of an unsharded
+        parameter do not hold its bytes (FSDP gathers them again before backward reads them): the
+        trace shows the memory FSDP holds.  Role :attr:`Role.PARAMETER`: no plan moves them, and
+        no recomputation re-creates them (that would re-run a collective)."""
+        if not self.active:
+            return
+        for key, s in self.unsharded.items():
+            n = s.nbytes()
+            tid = self.live.get(key)
+            if n and tid is None:
+                tid = self.b.tensor(self.nbytes_of(s), Role.PARAMETER)
+                self.declared_by[tid] = "FSDP's all-gather (a storage resize)"
+                self.live[key] = tid
+                self.unsharded_tids.add(tid)
+                self.pending_alloc.append(tid)
+            elif not n and tid is not None:
+                del self.live[key]
+                if tid in self.pending_alloc:
+                    self.pending_free.append(tid)
+                else:
+                    self.b.free(tid)
 
     def new_output(self, t: torch.Tensor) -> tuple[int, bool]:
         """Tensor id of an op output and whether its storage is new."""
@@ -275,6 +386,8 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.pending_numbers:
             self.resolve_numbers()
+        if self.unsharded:
+            self.poll_unsharded()
         inputs = self.on_device((args, kwargs))
         watched = self.watched_buffers(func, args, kwargs) if self.measure_scratch else []
         d = self.dispatched
@@ -310,6 +423,8 @@ class _Recorder(TorchDispatchMode):
             return out
         if func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default):
             for o in outputs:  # a view holds its base storage alive
+                if o.untyped_storage()._cdata in self.unsharded:
+                    continue  # FSDP's unsharded parameters: FSDP says when they live (poll_unsharded)
                 if o.untyped_storage()._cdata in self.live:
                     self.new_output(o)
                 else:
@@ -333,6 +448,12 @@ class _Recorder(TorchDispatchMode):
         for o in outputs:
             tid, new = self.new_output(o)
             (fresh if new else written).append(tid)
+        if self.pending_alloc:  # FSDP's unsharded parameters, allocated for this op to write them
+            made = set(self.pending_alloc)
+            fresh = [*self.pending_alloc, *(t for t in fresh if t not in made)]
+            written = [t for t in written if t not in made]
+            reads = [t for t in reads if t not in made]
+            self.pending_alloc = []
         flops = 0.0
         packet = func._overloadpacket
         if packet in flop_registry:
@@ -347,6 +468,12 @@ class _Recorder(TorchDispatchMode):
             scratch = 0  # cpu: read from the timeline after the iteration (:meth:`scratch_from`)
         i = self.b.op(str(packet), self.phase, reads=reads, outputs=fresh, writes=written,
                       flops=flops, bytes_moved=moved, module=self.module_path(), scratch=scratch)
+        if self.pending_free:
+            for t in self.pending_free:
+                self.b.free(t)
+            self.pending_free = []
+        if packet.__name__ in _COLLECTIVES and packet._qualified_op_name.startswith("c10d::"):
+            self.collectives[i] = _wire_bytes(packet.__name__, args, inputs, outputs)
         wrapped = self.wrapped_args(func, args, kwargs)
         if wrapped:
             node = torch._C._current_autograd_node() if self.phase == Phase.BACKWARD else None
@@ -554,12 +681,13 @@ class _Recorder(TorchDispatchMode):
     def pack(self, t: torch.Tensor) -> "_Saved | torch.Tensor":
         if t.device.type != self.device_type:
             return t
-        tid = self.tid_of(t)
+        tid = self.tid_of(local_tensor(t))
         # what the pack held, for the runtime's check of a live iteration at the same pack
         k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         holder = _Saved(t, k)
-        self.holders[tid] += 1
-        weakref.finalize(holder, self.release, tid, t.untyped_storage()._cdata)
+        if tid not in self.unsharded_tids:
+            self.holders[tid] += 1
+            weakref.finalize(holder, self.release, tid, t.untyped_storage()._cdata)
         return holder
 
     def unpack(self, holder: "_Saved | torch.Tensor") -> torch.Tensor:
@@ -824,6 +952,14 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
                   **({"scratch_kernels": kernels} if device.type == "meta" else {}),
                   "record_seconds": record_seconds, "torch": torch.__version__,
                   **({"inputs_released": True} if inputs == "released" else {}), **(meta or {})}
+    if recorder.collectives:
+        trace_meta["collectives"] = {"ops": len(recorder.collectives), "bytes_sent": sum(recorder.collectives.values()),
+                                     "interconnect_bandwidth": profile.interconnect_bandwidth}
+    if recorder.unsharded:
+        import torch.distributed as dist
+
+        trace_meta["fsdp"] = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                              "unsharded_storages": len(recorder.unsharded)}
     if recorder.unannotated:
         trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
     try:
@@ -839,16 +975,38 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             measured = np.median(np.stack(durations), axis=0)
         else:  # the graph changed between iterations (stochastic depth): keep the last one's times
             measured = durations[-1]
-        trace = trace.with_durations(measured, timing="cuda-events", max_memory_allocated=recorder.iteration_peak)
+        trace = trace.with_durations(_collective_times(measured, recorder, profile), timing="cuda-events",
+                                     max_memory_allocated=recorder.iteration_peak)
     else:
-        trace = trace.with_durations(profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
-                                     timing="roofline")
+        times = profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0)
+        trace = trace.with_durations(_collective_times(times, recorder, profile), timing="roofline")
     return trace
+
+
+def _collective_times(durations: np.ndarray, recorder: _Recorder, profile: DeviceProfile) -> np.ndarray:
+    """``durations`` with every collective priced by its bytes at the profile's interconnect
+    bandwidth (:meth:`DeviceProfile.collective_time`), on the compute stream.
+
+    Departure: NCCL runs FSDP2's collectives on streams of their own, overlapping compute (FSDP2
+    prefetches the next module's all-gather for that).  The simulator has one compute stream, so a
+    collective is an op there, as long as its transfer: an iteration's time is over-estimated by the
+    collectives that real training hides, never under-estimated; memory, which is what a plan is
+    held to, is exact either way (a collective's buffers live from its op's start to their frees, as
+    FSDP holds them).  CUDA events around a collective launched on another stream would time its
+    launch, not its transfer, so the measured durations are replaced too."""
+    if not recorder.collectives:
+        return durations
+    out = np.array(durations, dtype=np.float64, copy=True)
+    ops = np.fromiter(recorder.collectives.keys(), dtype=np.int64)
+    wire = np.fromiter(recorder.collectives.values(), dtype=np.float64)
+    out[ops] = profile.collective_time(wire)
+    return out
 
 
 def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None,
                     inputs: tuple) -> None:
     """Declare the storages alive before the iteration, with their roles."""
+    recorder.watch_unsharded(unsharded_storages(model))
     for p in recorder.on_device([*model.parameters(), *model.buffers()]):
         recorder.tid_of(p, Role.PARAMETER)
     recorder.buffers = {b.untyped_storage()._cdata for b in recorder.on_device(list(model.buffers()))}
@@ -865,6 +1023,8 @@ def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim
     held, constants folded into the ops that read them, roles, gradient sums made in place.  One
     place for :func:`record_trace` and the recording in the user's loop (:mod:`dqn_swap.user_loop`)."""
     recorder.resolve_numbers()
+    if recorder.unsharded:
+        recorder.poll_unsharded()  # FSDP resharded after the last op
     recorder.mark_still_held()
     recorder.fold_constants()
     _assign_roles(recorder, model, opt)
@@ -883,9 +1043,9 @@ def _assign_roles(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.
     b = recorder.b
     for p in model.parameters():
         if p.grad is not None:
-            tid = recorder.live.get(p.grad.untyped_storage()._cdata)
+            tid = recorder.live.get(local_tensor(p.grad).untyped_storage()._cdata)
             if tid is not None and b.t_alloc[tid] != -1:
                 b.set_role(tid, Role.GRADIENT)
     for tid in b.saved:
-        if b.t_role[tid] == Role.TEMPORARY:
+        if b.t_role[tid] == Role.TEMPORARY and tid not in recorder.unsharded_tids:
             b.set_role(tid, Role.SAVED)

@@ -331,11 +331,16 @@ class AutoPlan:
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
                  verbose: bool = True, runtime_options: dict[str, Any] | None = None) -> None:
-        from .support import unsupported_reason
+        from .support import fsdp_param_groups, unsupported_reason
 
         if not isinstance(model, torch.nn.Module):
             raise AutoPlanError(f"autoplan needs a torch.nn.Module, got {type(model).__name__}")
         reason = unsupported_reason(model)
+        if reason is None and fsdp_param_groups(model):
+            reason = ("autoplan does not learn an FSDP2 (fully_shard) iteration in the user's loop (its first steps "
+                      "keep saved activations on the host, FSDP's gathered parameters included): record each rank's "
+                      "iteration with dqn_swap.record_trace, plan it, and follow the plan with PlannedExecution "
+                      "(docs/fsdp.md)")
         if reason is not None:
             raise AutoPlanError(reason)
         if new_shapes not in NEW_SHAPES:

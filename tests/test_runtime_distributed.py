@@ -5,9 +5,7 @@
   for bit.  The trace is recorded on the unwrapped module; DDP's own work before the
   module's forward (buffer broadcasts) does not shift the runtime's op numbering, which
   starts at the module calls the trace records.
-* FSDP2 (``fully_shard``): recording and planned training are refused with one line that
-  says why (parameters are gathered and freed inside the iteration; dqn-swap plans a model
-  whose parameters stay on the device).
+* FSDP2 (``fully_shard``): ``tests/test_runtime_fsdp.py``.
 """
 
 from __future__ import annotations
@@ -109,51 +107,3 @@ def test_ddp_two_processes_bit_identical_on_every_rank() -> None:
         except Exception:  # noqa: BLE001 - show the worker's own traceback
             errors = [open(os.path.join(out_dir, f)).read() for f in sorted(os.listdir(out_dir))]
             pytest.fail("\n".join(errors) or "a DDP worker failed")
-
-
-# --------------------------------------------------------------------------- FSDP2
-def _fsdp_model():  # noqa: ANN202
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    mesh = init_device_mesh("cpu", (1,))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-@pytest.fixture()
-def fsdp_model():  # noqa: ANN201
-    pytest.importorskip("torch.distributed.fsdp")
-    try:
-        model = _fsdp_model()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"FSDP2 does not run here: {e}")
-    yield model
-    dist.destroy_process_group()
-
-
-def test_fsdp2_recording_is_refused_with_one_line(fsdp_model) -> None:  # noqa: ANN001
-    from dqn_swap.recorder import RecordingError, record_trace
-
-    with pytest.raises(RecordingError) as info:
-        record_trace(fsdp_model, torch.randn(4, 8), lambda y: y.sum(), lambda p: torch.optim.SGD(p, lr=0.1))
-    msg = str(info.value)
-    assert "FSDP2" in msg and "fully_shard" in msg and "\n" not in msg
-
-
-def test_fsdp2_planned_training_is_refused_with_one_line(fsdp_model) -> None:  # noqa: ANN001
-    from dqn_swap.planners import manual_plan
-    from dqn_swap.runtime import PlannedExecution, UnsupportedTrainingError
-
-    from .runtime_support import trace_of
-
-    trace = trace_of("mlp_tiny")
-    with pytest.raises(UnsupportedTrainingError) as info:
-        PlannedExecution(fsdp_model, manual_plan(trace), trace)
-    msg = str(info.value)
-    assert "FSDP2" in msg and "fully_shard" in msg and "\n" not in msg

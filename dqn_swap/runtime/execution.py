@@ -86,7 +86,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..limits import LimitSpec, resolve_limit
 from ..plan import Plan
-from ..support import COMPILED_STEP, under_torch_compile, unsupported_reason
+from ..support import COMPILED_STEP, fsdp_param_groups, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
 from .backend import Backend, backend_for
 from .index import NO_OP, PROGRESS, RECOMPUTE, SIZE_QUANTUM, SWAP, TRACK, PlanIndex, build_index
@@ -136,7 +136,8 @@ def enable_expandable_segments() -> bool:
 
 def refuse_unsupported(model: torch.nn.Module | None) -> None:
     """Raise :class:`UnsupportedTrainingError` for models the runtime cannot follow a plan in
-    (:mod:`dqn_swap.support`: FSDP2, torch.compile)."""
+    (:mod:`dqn_swap.support`: torch.compile, FSDP1, FSDP2 compositions other than ``fully_shard``
+    on a one-dimensional mesh)."""
     reason = unsupported_reason(model)
     if reason is not None:
         raise UnsupportedTrainingError(reason)
@@ -169,6 +170,39 @@ class _RecomputeGroup:
     def __init__(self, tid: int) -> None:
         self.tid, self.remaining = tid, 0
         self.storage: torch.UntypedStorage | None = None
+
+
+class _FsdpFirstGather:
+    """FSDP2's first all-gather into a parameter makes its unsharded storage with ``torch.empty``
+    (``FSDPParam.init_all_gather_outputs``); later ones resize that storage, which is no op.  The
+    trace is a steady-state iteration, so in an iteration where FSDP still has to make some, the
+    op numbering pauses while it does (per parameter, an instance attribute shadowing the method,
+    removed when the iteration ends): a model sharded and planned before its first step numbers
+    its ops as the trace does."""
+
+    def __init__(self, it: "_Iteration", model: torch.nn.Module | None) -> None:
+        self.patched: list[Any] = []
+        for group in fsdp_param_groups(model):
+            for p in group.fsdp_params:
+                if not p.all_gather_outputs:
+                    p.init_all_gather_outputs = self._paused(it, p.init_all_gather_outputs)
+                    self.patched.append(p)
+
+    @staticmethod
+    def _paused(it: "_Iteration", init: Callable[..., None]) -> Callable[..., None]:
+        def run(*args: Any, **kwargs: Any) -> None:
+            before, it.paused = it.paused, True
+            try:
+                init(*args, **kwargs)
+            finally:
+                it.paused = before
+
+        return run
+
+    def close(self) -> None:
+        for p in self.patched:
+            vars(p).pop("init_all_gather_outputs", None)
+        self.patched.clear()
 
 
 # --------------------------------------------------------------------------- statistics
@@ -245,6 +279,7 @@ class _Iteration:
         self.pending_borrowed: list[tuple[SwapGroup, int]] = []  # swapped inputs not emptied yet
         self.emptied_before = rt.swapper.emptied_borrowed
         self.module_done_hook: Any = None  # while some are pending: a module returned, so their ops ran
+        self.fsdp_first_gather: _FsdpFirstGather | None = None  # FSDP2 makes its gather storages (a first step)
 
     def module_call(self, module: torch.nn.Module, args: Any) -> None:
         """A module's forward begins (no op is under way): start or stop numbering ops here."""
@@ -612,6 +647,9 @@ class _Iteration:
     # ------------------------------------------------------------------ finish
     def finish(self) -> None:
         self.stats.packed = self.n_packed
+        if self.fsdp_first_gather is not None:
+            self.fsdp_first_gather.close()
+            self.fsdp_first_gather = None
         if self.mode is not None:
             self.mode.stop()
         if self.pending_borrowed:
@@ -652,8 +690,9 @@ class PlannedExecution:
 
     Args:
         model: the trained module (or its ``DistributedDataParallel`` wrapper); its parameters
-            tell the device (``device`` overrides).  FSDP2-sharded and compiled models are refused
-            (:class:`UnsupportedTrainingError`).
+            tell the device (``device`` overrides).  A model under FSDP2 (``fully_shard`` on a
+            one-dimensional mesh) follows a plan made for its rank's trace (``docs/fsdp.md``);
+            compiled models and other sharded setups are refused (:class:`UnsupportedTrainingError`).
         plan: the plan, with its schedule; its fingerprint must be the trace's (``check_plan``).  A
             plan without a schedule (a version 1 file) is refused (``ValueError``):
             :func:`dqn_swap.simulator.schedule_plan` adds it.
@@ -732,6 +771,7 @@ class PlannedExecution:
         self.cuda = self.device.type == "cuda"
         self.model = model
         self._root = model
+        self.fsdp = bool(fsdp_param_groups(model))  # sharded with FSDP2 (fully_shard)
         self.plan = plan
         self.trace = trace
         self.memory_limit = (resolve_limit(trace, memory_limit) if memory_limit is not None
@@ -793,6 +833,7 @@ class PlannedExecution:
         torch._C._autograd._push_saved_tensors_default_hooks(it.pack, it.unpack)
         it.hooks_pushed = True
         if it.mode is not None:
+            it.fsdp_first_gather = _FsdpFirstGather(it, self.model) if self.fsdp else None
             first = it.windows.get(-1)
             if first is not None and self._root is None:
                 it.mode.start(first.start, first.end)  # no model to watch: the iteration starts here
