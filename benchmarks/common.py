@@ -32,7 +32,7 @@ PROFILE = "v100-pcie3"
 TRACE_DIR = ROOT / "runs" / "traces"
 DEFAULT_AGENT = ROOT / "checkpoints" / "default.pt"  # the shipped agent (dqn_swap.agents.dqn.planner.DEFAULT_AGENT)
 # The papers' baselines, in the order the tables show them.
-BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "checkpoint", "layrub")
+BASELINES = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "sqrt-n", "layrub")
 
 
 def pct(fraction: float):  # noqa: ANN201

@@ -25,6 +25,7 @@ import numpy as np
 
 from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.plan import Action, ActionKind, Plan
+from dqn_swap.progress import Progress, progress
 from dqn_swap.simulator import SimResult, Simulator
 from dqn_swap.trace import EventKind, Phase, Trace
 
@@ -179,10 +180,12 @@ class Evaluator:
 
     Planners that search a hyperparameter call :meth:`run` once per candidate;
     identical candidates (many settings give the same action set) are
-    simulated once.
+    simulated once.  ``progress`` (:mod:`dqn_swap.progress`) hears of every
+    simulation: the count and the best feasible makespan so far.
     """
 
-    def __init__(self, trace: Trace, memory_limit: int, profile: DeviceProfile) -> None:
+    def __init__(self, trace: Trace, memory_limit: int, profile: DeviceProfile,
+                 progress: Progress | None = None) -> None:
         self.trace = trace
         self.memory_limit = int(memory_limit)
         self.profile = profile
@@ -193,6 +196,8 @@ class Evaluator:
         self.can_recompute: np.ndarray = valid.can_recompute
         self._cache: dict[ActionSet, SimResult] = {}
         self.simulations = 0
+        self.progress = progress
+        self.best_makespan = float("inf")  # the least makespan of a feasible candidate so far
 
     def run(self, actions: Iterable[Action]) -> SimResult:
         key = tuple(sorted(actions))
@@ -201,7 +206,16 @@ class Evaluator:
             result = self.simulator.run(list(key))
             self.simulations += 1
             self._cache[key] = result
+            if result.feasible and result.makespan < self.best_makespan:
+                self.best_makespan = float(result.makespan)
+            if self.progress is not None:
+                self.progress(self._report)
         return result
+
+    def _report(self) -> str:
+        best = (f", best {self.best_makespan:.4g} s ({100 * (self.best_makespan / self.simulator.compute_time - 1):.1f} "
+                "% overhead)" if self.best_makespan < float("inf") else ", none fits yet")
+        return f"{self.simulations:,} simulations{best}"
 
     def feasible(self, actions: Iterable[Action]) -> bool:
         return bool(self.run(actions).feasible)
@@ -293,12 +307,19 @@ class BasePlanner:
         """The actions of the plan and what the search found (recorded in ``Plan.settings``)."""
         raise NotImplementedError
 
+    def progress_enabled(self) -> bool | None:
+        """Whether this planner reports progress (:func:`dqn_swap.progress.progress`'s ``enabled``;
+        None: where progress is switched on, :func:`dqn_swap.progress.showing`)."""
+        return None
+
     def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
         """Plan ``trace`` under ``memory_limit`` bytes; ``profile`` defaults to the trace's own."""
         profile = profile_of(trace, profile)
-        evaluator = Evaluator(trace, memory_limit, profile)
-        actions, found = self.choose(TraceFacts(trace), evaluator)
-        result = evaluator.run(actions)
+        with progress(self.name, self.progress_enabled()) as show:
+            evaluator = Evaluator(trace, memory_limit, profile, show)
+            actions, found = self.choose(TraceFacts(trace), evaluator)
+            evaluator.progress = None
+            result = evaluator.run(actions)
         settings = {**self.settings, **found, "simulations": evaluator.simulations}
         # a planner that cannot apply to this trace says why in found["not_applicable"]
         limitation = found.get("not_applicable") or self.limitation

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ import torch
 from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.plan import Plan
+from dqn_swap.progress import Progress, progress
 from dqn_swap.trace import Trace
 from dqn_swap.checkpoints import path as shipped_agent
 from dqn_swap.limits import LimitSpec
@@ -128,18 +129,12 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
 
     At each decision point Q is read once and the valid actions are taken in
     decreasing Q until their bytes cover what is missing, and the simulator
-    runs once for the lot.  "What is missing" is the larger of the deficit at
-    the decision point and the most any of the next ``ahead`` ops lacks under
-    the simulator's instant-swap memory need; once the decision point itself
-    is covered, actions whose tensor comes back within those ops are skipped
-    (they do not help the ops ahead).  ``ahead=0`` covers the decision point
-    only.  Same Q-values and order of preference as :func:`greedy_episode`;
-    what it skips is re-reading Q (and re-simulating) between actions the
-    coming ops call for anyway.
+    runs once for the lot (:func:`cover_batch`).  Same Q-values and order of
+    preference as :func:`greedy_episode`; what it skips is re-reading Q (and
+    re-simulating) between actions the coming ops call for anyway.
     """
     env.reset(seed=0)
     g = env.graph
-    nbytes = env.trace.tensor_nbytes
     ret, steps, done = 0.0, 0, False
     while not done:
         q = greedy_q(net, batcher, env)
@@ -149,22 +144,37 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
             _, r, term, trunc, _ = env.step(best)
             ret, steps, done = ret + r, steps + 1, term or trunc
             continue
-        here = env.deficit_bytes
-        need = max(here, env.deficit_ahead(ahead))
-        horizon = env.decision_op + ahead
-        freed, picked, tensors = 0.0, [], set()
-        for a in order.tolist():
-            if not np.isfinite(q[a]) or freed >= need and picked:
-                break
-            t = int(g.tensor[a])
-            if t in tensors or (freed >= here and picked and g.reuse_op[a] <= horizon):
-                continue
-            tensors.add(t)
-            picked.append(a)
-            freed += float(nbytes[t])
+        picked = cover_batch(env, q, order, ahead=ahead)
         r, done = env.step_many(picked)
         ret, steps = ret + r, steps + len(picked)
     return episode_summary(env, ret, steps)
+
+
+def cover_batch(env: SwapRecomputeEnv, q: np.ndarray, order: np.ndarray, first: int | None = None,
+                ahead: int = COVER_AHEAD_OPS) -> list[int]:
+    """The actions ``cover`` decoding takes at the current decision point: valid actions in the
+    order ``order`` (decreasing Q), ``first`` first if given, until their bytes cover what is
+    missing.  "What is missing" is the larger of the deficit at the decision point and the most
+    any of the next ``ahead`` ops lacks under the simulator's instant-swap memory need; once the
+    decision point itself is covered, actions whose tensor comes back within those ops are
+    skipped (they do not help the ops ahead).  ``ahead=0`` covers the decision point only."""
+    g = env.graph
+    nbytes = env.trace.tensor_nbytes
+    here = env.deficit_bytes
+    need = max(here, env.deficit_ahead(ahead))
+    horizon = env.decision_op + ahead
+    freed, picked, tensors = 0.0, [], set()
+    seq = order.tolist() if first is None else [int(first)] + [a for a in order.tolist() if a != first]
+    for a in seq:
+        if not np.isfinite(q[a]) or freed >= need and picked:
+            break
+        t = int(g.tensor[a])
+        if t in tensors or (freed >= here and picked and g.reuse_op[a] <= horizon):
+            continue
+        tensors.add(t)
+        picked.append(a)
+        freed += float(nbytes[t])
+    return picked
 
 
 def episode_summary(env: SwapRecomputeEnv, ret: float, steps: int) -> dict[str, Any]:
@@ -177,38 +187,119 @@ def episode_summary(env: SwapRecomputeEnv, ret: float, steps: int) -> dict[str, 
 
 @torch.no_grad()
 def search_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, k: int,
-                   reward_scale: float) -> list[DemoStep]:
+                   reward_scale: float, on_step: Callable[[int], bool] | None = None) -> list[DemoStep]:
     """One episode with a top-``k`` one-step lookahead: at every decision point each of the ``k``
     valid actions of highest Q is tried in the simulator and scored by its reward (times
     ``reward_scale``, as the learner sees rewards) plus the best Q of the state it leads to; the
     best is taken.  Returns the episode's transitions (``dqn-search`` plans with it, and training
-    with ``demo_improve="search"`` keeps it as a demonstration where it beats the current one)."""
+    with ``demo_improve="search"`` keeps it as a demonstration where it beats the current one).
+
+    The state the best action leads to, and its Q-values, are the ones its trial computed: a
+    decision point costs ``k`` simulations and ``k`` network passes, not ``k + 1`` of each.
+    ``on_step(steps)``, called after every step, may return True to stop looking ahead: the rest of
+    the episode is then decoded as :func:`cover_episode` does (a planner's time budget)."""
     env.reset(seed=0)
     state, steps, done = env.state(), [], False
+    q = greedy_q(net, batcher, env)
     while not done:
-        q = greedy_q(net, batcher, env)
         order = [int(i) for i in np.argsort(-q, kind="stable")[:k] if np.isfinite(q[i])]
-        best, best_score = order[0], -np.inf
+        best, best_score, taken = order[0], -np.inf, None
         if len(order) > 1:
             for a in order:
-                r, term, next_q = _peek(net, batcher, env, a)
-                score = r * reward_scale + (0.0 if term else next_q)
+                r, term, trunc, next_q, after = _peek(net, batcher, env, a)
+                score = r * reward_scale + (0.0 if term or trunc else float(np.max(next_q)))
                 if score > best_score:
-                    best, best_score = a, score
-        _, r, term, trunc, _ = env.step(best)
+                    best, best_score, taken = a, score, (r, term, trunc, next_q, after)
+        if taken is None:
+            _, r, term, trunc, _ = env.step(best)
+            next_q = None if term or trunc else greedy_q(net, batcher, env)
+        else:
+            r, term, trunc, next_q, after = taken
+            env.restore(after)
         next_state = env.state()
         steps.append(DemoStep(state, best, float(r), next_state, bool(term), bool(trunc)))
         state, done = next_state, term or trunc
+        if not done:
+            q = next_q
+            if on_step is not None and on_step(len(steps)):
+                _finish_by_cover(net, batcher, env, q)
+                break
     return steps
 
 
-def _peek(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, a: int) -> tuple[float, bool, float]:
-    """Simulated reward of ``a``, whether it ends the episode, and the best Q after it; env unchanged."""
+def _peek(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, a: int
+          ) -> tuple[float, bool, bool, np.ndarray | None, tuple]:
+    """Take ``a`` and come back: its simulated reward, whether it ends the episode (terminated,
+    truncated), the Q-values after it (None when it ends) and the state it leads to
+    (:meth:`SwapRecomputeEnv.snapshot`); ``env`` is left unchanged."""
     saved = env.snapshot()
     _, r, term, trunc, _ = env.step(a)
-    next_q = 0.0 if (term or trunc) else float(np.max(greedy_q(net, batcher, env)))
+    next_q = None if (term or trunc) else greedy_q(net, batcher, env)
+    after = env.snapshot()
     env.restore(saved)
-    return r, term, next_q
+    return r, term, trunc, next_q, after
+
+
+def _finish_by_cover(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, q: np.ndarray) -> None:
+    """Decode the rest of ``env``'s episode as :func:`cover_episode` does, from Q-values ``q`` of the
+    current state."""
+    done = False
+    while not done:
+        order = np.argsort(-q, kind="stable")
+        best = int(order[0])
+        if env.graph.kind[best] == 0:
+            _, _, term, trunc, _ = env.step(best)
+            done = term or trunc
+        else:
+            _, done = env.step_many(cover_batch(env, q, order))
+        if not done:
+            q = greedy_q(net, batcher, env)
+
+
+@torch.no_grad()
+def search_cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, k: int,
+                         reward_scale: float, ahead: int = COVER_AHEAD_OPS,
+                         on_step: Callable[[int], bool] | None = None) -> dict[str, Any]:
+    """The top-``k`` lookahead of :func:`search_episode` over :func:`cover_episode`'s batches: at
+    every decision point each of the ``k`` valid actions of highest Q leads a batch, itself and then
+    the actions ``cover`` decoding would add to cover what is missing (:func:`cover_batch`); each
+    batch is simulated once and scored by its reward (times ``reward_scale``) plus the best Q of
+    the state it leads to, and the best batch is taken.  A decision point costs ``k`` simulations
+    and ``k`` network passes, and there are as many as ``cover`` decoding has (far fewer than
+    actions on large graphs), so its cost grows with the events about as ``cover`` decoding's
+    does, where the action-by-action lookahead does ``k + 1`` of each per action.  Ours (the DQN
+    paper decodes one action at a time, section 4.9).  ``on_step`` as in :func:`search_episode`."""
+    env.reset(seed=0)
+    g = env.graph
+    ret, steps, decisions, done = 0.0, 0, 0, False
+    q = greedy_q(net, batcher, env)
+    while not done:
+        order = np.argsort(-q, kind="stable")
+        best = int(order[0])
+        if g.kind[best] == 0:  # do nothing (the only valid action)
+            _, r, term, trunc, _ = env.step(best)
+            ret, steps, done = ret + r, steps + 1, term or trunc
+            continue
+        cands = [int(a) for a in order[:k] if np.isfinite(q[a])]
+        saved = env.snapshot()
+        best_score, taken = -np.inf, None
+        for a in cands:
+            batch = cover_batch(env, q, order, first=a, ahead=ahead)
+            r, ends = env.step_many(batch)
+            next_q = None if ends else greedy_q(net, batcher, env)
+            score = r * reward_scale + (0.0 if ends else float(np.max(next_q)))
+            if score > best_score:
+                best_score, taken = score, (r, ends, next_q, env.snapshot(), len(batch))
+            env.restore(saved)
+        r, done, next_q, after, n = taken
+        env.restore(after)
+        ret, steps, decisions = ret + r, steps + n, decisions + 1
+        if not done:
+            q = next_q
+            if on_step is not None and on_step(steps):
+                _finish_by_cover(net, batcher, env, q)
+                break
+    return episode_summary(env, ret, steps) | {"decisions": decisions}
 
 
 class DQNPlanner:
@@ -263,23 +354,45 @@ class DQNPlanner:
         plan.settings["plan_seconds"] = round(time.perf_counter() - t0, 3)
         return plan
 
-    def _polished(self, env: SwapRecomputeEnv, plan: Plan) -> Plan:
+    def _polished(self, env: SwapRecomputeEnv, plan: Plan, show: Progress | None = None, label: str = "polishing",
+                  deadline: Callable[[], bool] | None = None) -> Plan:
         """``plan`` improved by :func:`~dqn_swap.agents.local_search.polish` if this planner polishes
         and the plan fits (the simulator's figures and schedule are those of the polished plan)."""
         if not self.polish or not plan.figures.get("feasible"):
             return plan
         res = polish(env.sim, list(plan.actions), max_simulations=self.polish_simulations,
-                     max_seconds=self.polish_seconds)
+                     max_seconds=self.polish_seconds, progress=show, label=label, deadline=deadline)
         settings = dict(plan.settings, polish={"dropped": res.dropped, "flipped": res.flipped,
                                                "moved": res.moved, "simulations": res.simulations,
+                                               "need_checks": res.need_checks, "rejected": res.rejected,
+                                               "last_improvement": res.last_improvement, "stopped": res.stopped,
                                                "seconds": round(res.seconds, 3),
                                                "overhead_before": plan.figures.get("overhead")})
         return dataclasses.replace(plan, actions=Plan.sorted_actions(res.actions), settings=settings,
                                    figures=res.result.figures(), schedule=res.result.schedule)
 
 
+#: ``dqn-search``'s default time budget (wall-clock seconds for one plan; :class:`DQNSearchPlanner`).
+DEFAULT_TIME_BUDGET = 30.0
+
+
 class DQNSearchPlanner(DQNPlanner):
-    """Greedy decoding plus a top-``k`` one-step lookahead in the simulator (a separate planner)."""
+    """Greedy decoding plus a top-``k`` one-step lookahead in the simulator (a separate planner).
+
+    ``decode``: ``"greedy"`` looks ahead one action at a time (:func:`search_episode`) and polishes
+    it and the agent's greedy plan; ``"cover"`` looks ahead over ``cover`` decoding's batches
+    (:func:`search_cover_episode`) and polishes it and the agent's ``cover`` plan; ``"auto"`` (the
+    default) takes ``cover`` on graphs of at least ``AUTO_COVER_NODES`` action nodes, where one
+    action at a time costs ``k + 1`` simulations of the whole trace per action (minutes on
+    ResNet-1001).
+
+    ``time_budget``: wall-clock seconds for the whole plan (None: no limit).  The budget of
+    simulations stays the search's own stop, so a plan that is made within the time is the same
+    on every machine; where the time runs out, the lookahead finishes its episode by ``cover``
+    decoding, the first polish gets half of the time left and the second the rest, and the best
+    plan found by then is returned (``settings["cut_by_time"]`` names the stages cut short:
+    ``lookahead``, ``search`` and the decoding's name for the two polishes).
+    """
 
     name = "dqn-search"
     decode_reward = None  # the lookahead adds rewards to Q-values: charge them as in training
@@ -287,26 +400,57 @@ class DQNSearchPlanner(DQNPlanner):
 
     def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, k: int = 4,
                  threads: int | None = None, recompute_chains: bool | None = None, polish: bool | None = None,
-                 polish_simulations: int | None = None, polish_seconds: float | None = None) -> None:
+                 polish_simulations: int | None = None, polish_seconds: float | None = None,
+                 decode: str = "auto", time_budget: float | None = DEFAULT_TIME_BUDGET) -> None:
         super().__init__(agent_path, threads=threads, recompute_chains=recompute_chains, polish=polish,
-                         polish_simulations=polish_simulations, polish_seconds=polish_seconds)
+                         polish_simulations=polish_simulations, polish_seconds=polish_seconds, decode=decode)
         self.k = int(k)
+        if time_budget is not None and not (float(time_budget) > 0 and np.isfinite(float(time_budget))):
+            raise ValueError(f"time_budget must be a positive number of seconds or None, not {time_budget!r}")
+        self.time_budget = None if time_budget is None else float(time_budget)
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
         t0 = time.perf_counter()
+        end = t0 + self.time_budget if self.time_budget is not None else np.inf
+        cut: list[str] = []  # the stages the time budget cut short
+
+        def late() -> bool:
+            return time.perf_counter() >= end
+
         batcher = GraphBatcher()
         env = self._env(trace, memory_limit, profile)
-        with torch_threads(self.threads):
-            search_episode(self.net, batcher, env, self.k, self.config.reward_scale)
-            search_plan = env.plan(self.name, self._settings(k=self.k, decoded="search"))
-            greedy_episode(self.net, batcher, env)
-            greedy_plan = env.plan(self.name, self._settings(k=self.k, decoded="greedy"))
-        # Both decoded plans are polished and the faster kept: on the grid the greedy plan polished is
-        # sometimes the better one though the search plan was better before (ResNet-50 at 70 %:
-        # 0.0093 against 0.0121, benchmarks/results/polish_grid.json).
-        candidates = [self._polished(env, p) for p in (search_plan, greedy_plan)]
-        plan = min(candidates, key=_plan_cost)
-        plan.settings["plan_seconds"] = round(time.perf_counter() - t0, 3)
+        decode = self.decode
+        if decode == "auto":
+            decode = "cover" if len(env.graph.action_nodes) >= AUTO_COVER_NODES else "greedy"
+        with progress(self.name) as show, torch_threads(self.threads):
+            def looked(steps: int) -> bool:
+                show(lambda: f"lookahead, {steps:,} actions, decision op {env.decision_op:,} of {trace.n_ops:,}")
+                if late():
+                    cut.append("lookahead")
+                    return True
+                return False
+
+            if decode == "cover":
+                search_cover_episode(self.net, batcher, env, self.k, self.config.reward_scale, on_step=looked)
+            else:
+                search_episode(self.net, batcher, env, self.k, self.config.reward_scale, on_step=looked)
+            search_plan = env.plan(self.name, self._settings(k=self.k, decode=decode, decoded="search"))
+            show(f"{decode} decoding")
+            (cover_episode if decode == "cover" else greedy_episode)(self.net, batcher, env)
+            greedy_plan = env.plan(self.name, self._settings(k=self.k, decode=decode, decoded=decode))
+            # Both decoded plans are polished and the faster kept: on the grid the greedy plan polished is
+            # sometimes the better one though the search plan was better before (ResNet-50 at 70 %:
+            # 0.0093 against 0.0121, benchmarks/results/polish_grid.json).  The first may take half of
+            # the time left, the second the rest.
+            half = (time.perf_counter() + end) / 2
+            candidates = [self._polished(env, search_plan, show, "polishing the lookahead's plan (1 of 2)",
+                                         lambda: time.perf_counter() >= half),
+                          self._polished(env, greedy_plan, show, f"polishing the {decode} plan (2 of 2)", late)]
+            plan = min(candidates, key=_plan_cost)
+            show.close(lambda: f"done, overhead {plan.figures.get('overhead', np.nan):.4f}")
+        cut += [p.settings["decoded"] for p in candidates if p.settings.get("polish", {}).get("stopped") == "time"]
+        plan.settings.update(plan_seconds=round(time.perf_counter() - t0, 3), time_budget=self.time_budget,
+                             cut_by_time=cut)
         return plan
 
 

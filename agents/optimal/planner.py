@@ -54,7 +54,6 @@ the last program's size.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Any
 
@@ -62,6 +61,8 @@ import numpy as np
 
 from dqn_swap.agents.baselines.base import ActionSet, BasePlanner, Evaluator, TraceFacts
 from dqn_swap.plan import ActionKind
+
+from dqn_swap.progress import Progress as ProgressLine
 
 from .program import SwapProgram, candidates, critical_ops
 from .solver import Progress, solve
@@ -96,7 +97,8 @@ class OptimalPlanner(BasePlanner):
         incumbents: planners whose plans seed the solve and compete with the program's (any of
             the baselines, ``dqn`` and ``dqn-search``; default :data:`DEFAULT_INCUMBENTS`).
         agent: the agent file of the ``dqn`` incumbents (default: the shipped agent).
-        progress: write a live line (round, incumbent, bound, gap) to standard error.
+        progress: report the rounds (round, incumbent, bound, gap) on standard error even outside
+            :func:`dqn_swap.progress.showing` (inside it they are reported anyway).
     """
 
     name = "optimal"
@@ -106,6 +108,9 @@ class OptimalPlanner(BasePlanner):
         return {"time_limit": 600.0, "wall_limit": None, "gap": 1e-4, "checkpoints": 10, "rounds": 30,
                 "chain_depth": 3, "fifo": True, "incumbents": DEFAULT_INCUMBENTS, "agent": None,
                 "progress": False, "round_time_limit": None, "cut_only_rounds": None}
+
+    def progress_enabled(self) -> bool | None:
+        return True if self.settings["progress"] else None
 
     def _incumbents(self, evaluator: Evaluator) -> list[dict[str, Any]]:
         """Every planner of ``incumbents`` on this trace and limit: its name, actions and simulated
@@ -184,12 +189,11 @@ class OptimalPlanner(BasePlanner):
                 budget = left if last or rnd == int(s["rounds"]) - 1 else min(left, round_cap)
                 prog = SwapProgram(sim, cands, ks, rerun_points=reruns, exclude=tried,
                                    chain_depth=int(s["chain_depth"]), fifo=bool(s["fifo"]))
-                show = self._progress_line(rnd, prog, T, best_ms) if s["progress"] else None
+                show = (self._progress_line(evaluator.progress, rnd, prog, T)
+                        if evaluator.progress is not None and evaluator.progress.enabled else None)
                 starts = [a for a in ([best] if best else []) + seeds if a not in tried_keys]
                 out = solve(prog, time_limit=budget, gap=float(s["gap"]), on_progress=show, starts=starts,
                             wall_limit=wall_left if math.isfinite(wall_left) else None)
-                if show is not None:
-                    sys.stderr.write("\n")
                 row: dict[str, Any] = {"checkpoints": len(ks), "rerun_points": len(reruns), "cuts": len(tried),
                                        "status": out.status, "seconds": round(out.seconds, 3),
                                        "cpu_seconds": round(out.cpu_seconds, 3), "starts": out.starts_given,
@@ -335,15 +339,19 @@ class OptimalPlanner(BasePlanner):
         return out
 
     @staticmethod
-    def _progress_line(rnd: int, prog: SwapProgram, T: float, best_ms: float):  # noqa: ANN205
+    def _progress_line(line: ProgressLine, rnd: int, prog: SwapProgram, T: float):  # noqa: ANN205
+        """The solver's progress callback of round ``rnd``: the incumbent, bound and gap (makespans in
+        units of the compute time ``T``) on the planner's progress ``line``."""
         size = prog.size
 
         def show(p: Progress) -> None:
-            inc = prog.makespan_seconds(p.incumbent) / T if math.isfinite(p.incumbent) else math.inf
-            bnd = prog.makespan_seconds(p.bound) / T if math.isfinite(p.bound) else 0.0
-            gap = f"{100 * (inc / bnd - 1):.3f} %" if math.isfinite(inc) and bnd > 0 else "-"
-            sys.stderr.write(f"\roptimal: round {rnd + 1} ({size.binaries} binaries, {size.checkpoints} checkpoints)"
-                             f"  incumbent {inc:.5f} T  bound {bnd:.5f} T  gap {gap}  {p.seconds:.0f} s   ")
-            sys.stderr.flush()
+            def text() -> str:
+                inc = prog.makespan_seconds(p.incumbent) / T if math.isfinite(p.incumbent) else math.inf
+                bnd = prog.makespan_seconds(p.bound) / T if math.isfinite(p.bound) else 0.0
+                gap = f"{100 * (inc / bnd - 1):.3f} %" if math.isfinite(inc) and bnd > 0 else "-"
+                return (f"round {rnd + 1} ({size.binaries} binaries, {size.checkpoints} checkpoints), "
+                        f"incumbent {inc:.5f} T, bound {bnd:.5f} T, gap {gap}, solver {p.seconds:.0f} CPU s")
+
+            line(text)
 
         return show

@@ -82,6 +82,13 @@ SEARCH_SIMULATIONS_HELP = (
     "0: no local search)")
 
 
+#: ``--search-seconds``'s help, shared by simulate, plan and compare.
+SEARCH_SECONDS_HELP = (
+    "--planner dqn-search: wall-clock seconds it may take for one plan (default 30); when they run out it "
+    "returns the best plan found so far (the budget of simulations, --search-simulations, stops it first "
+    "where it can, and then the plan is the same on every machine)")
+
+
 def seconds(text: str) -> float:
     """argparse type of ``--time-limit``: a positive number of seconds, said in one line otherwise."""
     import argparse
@@ -145,6 +152,14 @@ def load_trace(path: str) -> Trace:
 
 def on_terminal() -> bool:
     return sys.stderr.isatty()
+
+
+def showing_progress():  # noqa: ANN201
+    """The command line's progress reports: every planner run inside the block that takes more than a
+    few seconds says what it is doing on standard error (:mod:`dqn_swap.progress`)."""
+    from ..progress import showing
+
+    return showing()
 
 
 def print_table(rows: list[tuple[str, str]]) -> None:

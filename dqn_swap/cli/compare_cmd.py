@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import write_text
-from .common import SEARCH_SIMULATIONS_HELP, load_trace, on_terminal, print_json, seconds, simulations
+from .common import SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, load_trace, print_json, seconds, simulations
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
@@ -47,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "cut short, it reports its certified gap")
     p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
                    help=SEARCH_SIMULATIONS_HELP)
+    p.add_argument("--search-seconds", type=seconds, default=None, metavar="SECONDS", help=SEARCH_SECONDS_HELP)
     p.add_argument("-o", "--output", default="comparison",
                    help="folder for compare.md, compare.csv and the PNG plots (default ./comparison)")
     p.add_argument("--force", action="store_true", help="replace existing result files")
@@ -67,44 +68,47 @@ def planner_names(spec: str) -> list[str]:
 
 def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str], agent: str | None = None,
                  progress: bool = False, time_limit: float | None = None,
-                 search_simulations: int | None = None) -> list[dict[str, Any]]:
-    """Plan and simulate every (trace, limit, planner) cell; one row per cell, with the cell's ceiling."""
+                 search_simulations: int | None = None, search_seconds: float | None = None) -> list[dict[str, Any]]:
+    """Plan and simulate every (trace, limit, planner) cell; one row per cell, with the cell's ceiling.
+
+    ``progress``: report on standard error (:mod:`dqn_swap.progress`): the cell being planned, and
+    what a planner that takes more than a few seconds is doing, after the cell's name."""
+    from contextlib import nullcontext
+
     from dqn_swap.agents import get_planner
 
     from .simulate_cmd import planner_settings
 
     from ..cost import profile_of
+    from ..progress import progress as progress_line
+    from ..progress import showing
     from ..trace import resolve_memory_limit
 
     cells = [(name, lim, pl) for name in traces for lim in limits for pl in planners]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(cells), desc="compare", unit="plan")
-    # no progress line of optimal's own: the comparison's bar is on the terminal
-    planner_objs = {pl: get_planner(pl, agent=agent, **planner_settings(pl, time_limit=time_limit, progress=False,
-                                                                        search_simulations=search_simulations))
+    planner_objs = {pl: get_planner(pl, agent=agent, **planner_settings(pl, time_limit=time_limit,
+                                                                        search_simulations=search_simulations,
+                                                                        search_seconds=search_seconds))
                     for pl in planners}
     rows = []
-    for name, lim, pl in cells:
-        trace = traces[name]
-        limit = resolve_memory_limit(trace, lim)
-        profile = profile_of(trace)
-        t0 = time.perf_counter()
-        plan = planner_objs[pl].plan(trace, limit, profile)
-        elapsed = time.perf_counter() - t0
-        rows.append({"trace": name, "model": trace.meta.get("model"), "limit": lim, "limit_bytes": limit,
-                     "planner": pl, **cell_figures(trace, plan.figures), "n_swap": plan.n_swap,
-                     "n_recompute": plan.n_recompute, "planning_s": elapsed, "unplanned_peak_bytes": trace.peak_bytes,
-                     "compute_time_s": trace.compute_time, "lower_bound_s": plan.figures.get("lower_bound"),
-                     "certified_bound_s": plan.settings.get("certified_bound"),
-                     **({"not_applicable": plan.settings["not_applicable"]}
-                        if plan.settings.get("not_applicable") else {})})
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    with (showing() if progress else nullcontext()), progress_line("compare") as line:
+        for i, (name, lim, pl) in enumerate(cells):
+            line(f"{i} of {len(cells)} plans, next {name} at {lim} by {pl}")
+            trace = traces[name]
+            limit = resolve_memory_limit(trace, lim)
+            profile = profile_of(trace)
+            t0 = time.perf_counter()
+            with (showing(prefix=f"compare {i + 1}/{len(cells)} {name} {lim}: ") if progress else nullcontext()):
+                plan = planner_objs[pl].plan(trace, limit, profile)
+            elapsed = time.perf_counter() - t0
+            rows.append({"trace": name, "model": trace.meta.get("model"), "limit": lim, "limit_bytes": limit,
+                         "planner": pl, **cell_figures(trace, plan.figures), "n_swap": plan.n_swap,
+                         "n_recompute": plan.n_recompute, "planning_s": elapsed,
+                         "unplanned_peak_bytes": trace.peak_bytes,
+                         "compute_time_s": trace.compute_time, "lower_bound_s": plan.figures.get("lower_bound"),
+                         "certified_bound_s": plan.settings.get("certified_bound"),
+                         **({"not_applicable": plan.settings["not_applicable"]}
+                            if plan.settings.get("not_applicable") else {})})
+        line.close(f"{len(cells)} plans")
     add_ceilings(rows)
     return rows
 
@@ -330,8 +334,8 @@ def run(args: argparse.Namespace) -> int:
         csv_path = check_output(folder / "compare.csv", args.force)
     if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
-    rows = compare_grid(traces, limits, planners, args.agent, progress=on_terminal(), time_limit=args.time_limit,
-                        search_simulations=args.search_simulations)
+    rows = compare_grid(traces, limits, planners, args.agent, progress=True, time_limit=args.time_limit,
+                        search_simulations=args.search_simulations, search_seconds=args.search_seconds)
     made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)

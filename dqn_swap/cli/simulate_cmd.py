@@ -6,8 +6,8 @@ import argparse
 import time
 
 from ..cost import PROFILES
-from .common import (SEARCH_SIMULATIONS_HELP, human, load_trace, on_terminal, print_json, print_table, seconds,
-                     simulations)
+from .common import (SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, human, load_trace, print_json, print_table,
+                     seconds, showing_progress, simulations)
 
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
               "the busiest op with every saved activation, and the input batch where autograd saves it, away "
@@ -36,6 +36,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "found and its certified gap (default 600)")
     p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
                    help=SEARCH_SIMULATIONS_HELP)
+    p.add_argument("--search-seconds", type=seconds, default=None, metavar="SECONDS", help=SEARCH_SECONDS_HELP)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -63,18 +64,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None,
-                     progress: bool | None = None, search_simulations: int | None = None) -> dict:
+                     search_simulations: int | None = None, search_seconds: float | None = None) -> dict:
     """The command line's settings for ``planner_name``: decoding for dqn; the local search's budget
-    in simulations for dqn-search (None: the planner's default, 0: none); for optimal, the time
-    limit and a live progress line (default: on a terminal)."""
+    in simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
+    default) for dqn-search; the time limit for optimal.  Progress is not a setting: the commands
+    switch it on for every planner (:func:`.common.showing_progress`)."""
     if planner_name == "dqn":
         return {"decode": decode}
     if planner_name == "dqn-search":
-        return {} if search_simulations is None else {"polish": search_simulations > 0,
-                                                      "polish_simulations": search_simulations}
+        return ({} if search_simulations is None else {"polish": search_simulations > 0,
+                                                       "polish_simulations": search_simulations}) | (
+            {} if search_seconds is None else {"time_budget": search_seconds})
     if planner_name == "optimal":
-        return {"progress": on_terminal() if progress is None else progress,
-                **({"time_limit": time_limit} if time_limit is not None else {})}
+        return {"time_limit": time_limit} if time_limit is not None else {}
     return {}
 
 
@@ -88,7 +90,8 @@ def certified(plan) -> dict:  # noqa: ANN001
 
 
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
-              decode: str = "auto", time_limit: float | None = None, search_simulations: int | None = None):
+              decode: str = "auto", time_limit: float | None = None, search_simulations: int | None = None,
+              search_seconds: float | None = None):
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from dqn_swap.agents import get_planner
 
@@ -100,9 +103,11 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     limit = resolve_memory_limit(trace, limit_text)
     profile = profile_of(trace, profile_name)
     planner = get_planner(planner_name, agent=agent,
-                          **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations))
+                          **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations,
+                                             search_seconds=search_seconds))
     t0 = time.perf_counter()
-    plan = planner.plan(trace, limit, profile)
+    with showing_progress():
+        plan = planner.plan(trace, limit, profile)
     return plan, time.perf_counter() - t0, profile
 
 
@@ -127,7 +132,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         planning_s = None
     else:
         plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
-                                              args.decode, args.time_limit, args.search_simulations)
+                                              args.decode, args.time_limit, args.search_simulations,
+                                              args.search_seconds)
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
     figures = {"planner": plan.planner, "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
@@ -159,7 +165,7 @@ def run_plan(args: argparse.Namespace) -> int:
     out = check_output(Path(args.output), args.force)
     trace = load_trace(args.trace)
     plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode,
-                                    args.time_limit, args.search_simulations)
+                                    args.time_limit, args.search_simulations, args.search_seconds)
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)
