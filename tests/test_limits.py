@@ -4,6 +4,7 @@ environment, the runtime, the experiment harness and the core, and bad forms are
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -81,7 +82,9 @@ def test_bad_forms_are_refused_alike(trace, trace_file, capsys, spec, message) -
 
 def test_below_the_minimum_is_refused_with_the_minimum(trace) -> None:  # noqa: ANN001
     low = trace.minimum_memory
-    for spec in (low - 1, f"{(low - 1) / trace.peak_bytes:.6f}x", f"{(low - 1024) // 1024}KiB"):
+    # the multiple rounded down, so that it stays below the minimum whatever the trace's peak
+    below = math.floor((low - 1) / trace.peak_bytes * 1e6) / 1e6
+    for spec in (low - 1, f"{below:.6f}x", f"{(low - 1024) // 1024}KiB"):
         with pytest.raises(MemoryLimitError, match=format_bytes(low)):
             SwapRecomputeEnv(trace, spec)
     assert resolve_limit(trace, low - 1, check_minimum=False) == low - 1

@@ -86,7 +86,7 @@ def test_enabled_without_showing_goes_to_standard_error(capsys: pytest.CaptureFi
 
 def test_a_planner_reports_through_it(tiny_resnet_trace) -> None:
     """A baseline that runs past the quiet interval says what it does (simulations, best so far)."""
-    from dqn_swap.agents.baselines import get_planner
+    from dqn_swap.agents import get_planner
 
     trace = tiny_resnet_trace
     limit = int(trace.minimum_memory + 0.5 * (trace.peak_bytes - trace.minimum_memory))

@@ -161,7 +161,7 @@ def test_the_need_test_says_what_memory_need_says_on_random_moves(tiny_resnet_tr
     assert verdicts == {True, False}
 
 
-@pytest.mark.parametrize("planner,fraction", [("lru", 0.3), ("checkpoint", 0.6), ("vdnn", 0.6)])
+@pytest.mark.parametrize("planner,fraction", [("lru", 0.3), ("sqrt-n", 0.6), ("vdnn", 0.6)])
 def test_screening_takes_the_same_path_in_fewer_simulations(tiny_resnet_trace, planner: str, fraction: float) -> None:
     """Rejecting trials on their memory need rejects exactly what the simulator would: the same plan
     comes out, after fewer simulations."""
