@@ -115,13 +115,13 @@ def window_of(sim: Simulator) -> tuple[np.ndarray, np.ndarray]:
     """Per event ``e``, the ops ``[lo[e], hi[e])`` during which an action at ``e`` keeps its tensor
     off the device when nothing re-runs before its next use: ``lo`` the op after the action's op
     (or after the op holding the tensor longer, ``Trace.held_op``), ``hi`` its next use
-    (``Simulator.event_next_use``).  A swap at ``e`` lowers :meth:`Simulator.memory_need` by its
+    (``sim.index.event_return_op``).  A swap at ``e`` lowers :meth:`Simulator.memory_need` by its
     tensor's bytes over exactly these ops (the simulator's need, "if every swap-out completed
     at once")."""
     trace = sim.trace
     t = trace.event_tensor.astype(np.int64)
-    lo = np.maximum(trace.event_op.astype(np.int64), trace.held_op.astype(np.int64)[t]) + 1
-    return lo, sim.event_next_use.astype(np.int64)
+    lo = np.maximum(sim.index.event_op, sim.index.tensor_held_op[t]) + 1
+    return lo, sim.index.event_return_op.copy()
 
 
 def add_window(need: np.ndarray, lo: int, hi: int, nbytes: int) -> None:
@@ -152,7 +152,7 @@ class NeedTest:
         need = result.memory_need
         self.need = (np.asarray(need, dtype=np.int64) if need is not None
                      else np.asarray(self.sim.memory_need(actions), dtype=np.int64))
-        inputs = self.sim.op_inputs
+        inputs = self.sim.index.op_inputs
         self.recomputed_inputs = {y for p in set(result.recompute_ops) for y in inputs[p]}
 
     def exact_window(self, action: Action) -> bool:

@@ -3,7 +3,6 @@
 
 Subcommands (each prints a table and writes JSON with ``--json``)::
 
-    python benchmarks/bench_dqn.py steps      # env steps/s on the ResNet-50 trace
     python benchmarks/bench_dqn.py train      # wall time to train the ResNet-50 agent
     python benchmarks/bench_dqn.py plan-time  # DQN plan time on the ResNet-1001 trace
     python benchmarks/bench_dqn.py grid       # comparison grid: DQN vs every baseline
@@ -35,29 +34,6 @@ from dqn_swap.files import save_figure, write_text  # noqa: E402
 
 CACHE = ROOT / "runs" / "baselines_cache.json"  # baseline figures per (model, limit, trace fingerprint)
 
-
-# ----------------------------------------------------------------------------- speed
-def bench_steps(args: argparse.Namespace) -> dict[str, Any]:
-    from dqn_swap.env import SwapRecomputeEnv
-
-    trace = get_trace("resnet50", GRID["resnet50"])
-    out = {}
-    for limit in (0.7, 0.3):
-        env = SwapRecomputeEnv(trace, limit, PROFILE)
-        rng = np.random.default_rng(0)
-        env.reset(seed=0)
-        n, t0 = 0, time.perf_counter()
-        while n < args.n or time.perf_counter() - t0 < 1.0:
-            _, _, term, trunc, _ = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
-            n += 1
-            if term or trunc:
-                env.reset(seed=n)
-        dt = time.perf_counter() - t0
-        out[f"{int(limit * 100)}%"] = {"steps": n, "seconds": dt, "steps_per_s": n / dt,
-                                       "nodes": env.graph.n_nodes, "events": trace.n_events}
-        print(f"resnet50 b64 @ {int(limit * 100)}%: {n / dt:.1f} env steps/s ({n} steps, {dt:.1f} s; "
-              f"{env.graph.n_nodes} graph nodes, {trace.n_events} events)")
-    return out
 
 
 def bench_train(args: argparse.Namespace) -> dict[str, Any]:
@@ -431,7 +407,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("steps"); p.add_argument("--n", type=int, default=300)
     p = sub.add_parser("train"); p.add_argument("--steps", type=int, default=20000); p.add_argument("--out")
     p = sub.add_parser("plan-time"); p.add_argument("--agent"); p.add_argument("--limits", nargs="+", type=float,
                                                                               default=[0.9, 0.7, 0.5, 0.3])
@@ -483,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", help="write the results here")
         p.add_argument("--threads", type=int)
     args = ap.parse_args(argv)
-    fn = {"steps": bench_steps, "train": bench_train, "plan-time": bench_plan_time, "grid": bench_grid, "train-grid": bench_train_grid,
+    fn = {"train": bench_train, "plan-time": bench_plan_time, "grid": bench_grid, "train-grid": bench_train_grid,
           "transfer": bench_transfer, "transfer-plot": bench_transfer_plot,
           "transfer-search": bench_transfer_search, "ablation": bench_ablation}[args.cmd]
     if args.threads:

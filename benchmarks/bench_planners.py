@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from dqn_swap.agents import get_planner, planner_names
-from machine import commit, machine, relative_paths
+from common import provenance  # noqa: E402
+from machine import relative_paths
 from dqn_swap.cost import get_profile
 from dqn_swap.trace import Trace
 from dqn_swap.units import format_bytes
@@ -173,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"trace": source, "fingerprint": trace.fingerprint, "profile": args.profile,
               "record_s": record_s, "ops": trace.n_ops, "events": trace.n_events,
               "minimum_memory_bytes": trace.minimum_memory, "peak_bytes": trace.peak_bytes,
-              "compute_time_s": trace.compute_time, "machine": machine(), "commit": commit(),
-              "command": " ".join(["benchmarks/bench_planners.py", *(argv if argv is not None else sys.argv[1:])]),
-              "rows": rows}
+              "compute_time_s": trace.compute_time, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -184,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
               f"profile {args.profile}")
         print(table(rows))
     if args.output:
-        write_text(Path(args.output), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
+        write_text(Path(args.output), json.dumps(relative_paths({**provenance(), **result}), indent=1) + "\n",
+                   overwrite=True)
     return 0
 
 

@@ -156,10 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.before and not Path(args.before).is_file():
         p.error(f"--before {args.before}: no such file")
-    from machine import commit
-
     result = run_control(args) if args.mode == "control" else run_grid(args)
-    write_json({"commit": commit(), **result}, args.json)
+    write_json(result, args.json)
     return 0
 
 

@@ -264,21 +264,33 @@ class Trace:
         return self.initial_bytes + np.cumsum(sign * self.tensor_nbytes[self.event_tensor])
 
     @cached_property
+    def op_malloc_bytes(self) -> np.ndarray:
+        """Bytes each op allocates when it starts: its outputs (its ``malloc`` events); int64 per op."""
+        return self._bytes_per_op(EventKind.MALLOC)
+
+    @cached_property
+    def op_free_bytes(self) -> np.ndarray:
+        """Bytes each op releases when it ends (its ``free`` events); int64 per op."""
+        return self._bytes_per_op(EventKind.FREE)
+
+    def _bytes_per_op(self, kind: EventKind) -> np.ndarray:
+        sel = self.event_kind == kind
+        # float sums of ints < 2**53 are exact (MAX_BYTES keeps every total below that)
+        return np.bincount(self.event_op[sel], weights=self.tensor_nbytes[self.event_tensor[sel]],
+                           minlength=self.n_ops).astype(np.int64)
+
+    @cached_property
     def op_memory(self) -> np.ndarray:
         """Peak bytes allocated while each op runs: inputs and outputs both alive, plus the
-        kernel's own scratch (``op_scratch``)."""
-        mem = self.memory_after_event
-        peak = np.full(self.n_ops, self.initial_bytes, dtype=np.int64)
-        # Frees are the last events of an op; the peak of the op is before them.
-        not_free = self.event_kind != EventKind.FREE
-        np.maximum.at(peak, self.event_op[not_free], mem[not_free])
-        # An op with no malloc still holds what was alive before it.
-        before = np.concatenate([[self.initial_bytes], mem])
-        first = np.searchsorted(self.event_op, np.arange(self.n_ops), side="left")
-        np.maximum(peak, before[first], out=peak)
-        # Mallocs come first within an op, so ``peak`` is what is allocated once its outputs are;
-        # the kernel's scratch sits on top of that while it runs.
-        return peak + self.op_scratch
+        kernel's own scratch (``op_scratch``).
+
+        The memory model of :mod:`dqn_swap.simulator`: op ``k`` allocates all its outputs when
+        it starts (:attr:`op_malloc_bytes`) and releases its frees when it ends
+        (:attr:`op_free_bytes`), so during ``k`` the allocated bytes are what is allocated after
+        it plus what it frees: ``initial + cumsum(malloc - free)[k] + free[k] + scratch[k]``.
+        """
+        after = self.initial_bytes + np.cumsum(self.op_malloc_bytes - self.op_free_bytes)
+        return after + self.op_free_bytes + self.op_scratch.astype(np.int64)
 
     @property
     def peak_bytes(self) -> int:

@@ -49,7 +49,7 @@ def _recompute_links(trace: Trace, sim: Any, g: ActionGraph) -> dict[int, np.nda
     """
     rec_nodes = np.flatnonzero(g.kind == RECOMPUTE)
     node_of = {int(g.tensor[n]): int(n) for n in rec_nodes}
-    inputs = sim.op_inputs  # per op: tensors it reads and did not allocate
+    inputs = sim.index.op_inputs  # per op: tensors it reads and did not allocate
     alloc = trace.tensor_alloc_op
     links: dict[int, set[int]] = {int(n): set() for n in rec_nodes}
     for n in rec_nodes.tolist():
@@ -240,11 +240,18 @@ class SwapRecomputeEnv(gym.Env):
         self.reward_mode = reward
         self.recompute_chains = bool(recompute_chains)
         self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
+        # per node, the action as the simulator's arrays (Simulator.run_arrays: no Action objects per step)
+        self._node_event = g.event.astype(np.int64)
+        self._node_tensor = g.tensor.astype(np.int64)
+        self._node_kind = np.maximum(g.kind.astype(np.int64) - 1, 0)
+        self._node_tensor0 = np.maximum(self._node_tensor, 0)
+        self._node_acts = g.event_op >= 0  # nodes that stand for an action
         self._reset_state()
 
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
         self.actions: list[Action] = []
+        self._nodes: list[int] = []  # the nodes of self.actions, in order
         self._acted = np.zeros(self.trace.n_tensors, dtype=bool)
         self._chosen = np.zeros(self.graph.n_nodes, dtype=bool)
         self._chain_blocked = np.zeros(self.graph.n_nodes, dtype=bool)
@@ -256,11 +263,13 @@ class SwapRecomputeEnv(gym.Env):
         self.episode_return = 0.0
 
     def _simulate(self) -> None:
-        if not self.actions and self._empty is not None:
+        if not self._nodes and self._empty is not None:
             res = self._empty
         else:
-            res = self.sim.run(list(self.actions), overcommit=self.reward_mode == "whole")
-            if not self.actions:
+            nodes = np.array(self._nodes, dtype=np.int64)
+            res = self.sim.run_arrays(self._node_event[nodes], self._node_tensor[nodes], self._node_kind[nodes],
+                                      overcommit=self.reward_mode == "whole")
+            if not self._nodes:
                 self._empty = res
         self.result = res
         self._feasible = bool(res.feasible)
@@ -275,9 +284,8 @@ class SwapRecomputeEnv(gym.Env):
             self._op = op
             need = float(inf.needed - inf.available) if inf is not None else float(res.peak_bytes - self.memory_limit)
             self._deficit = max(need, 0.0)
-            valid = ((g.event_op >= 0) & (g.event_op < op) & (g.reuse_op > op))
-            valid &= ~self._acted[np.maximum(g.tensor, 0)]
-            valid &= ~self._chain_blocked
+            valid = self._node_acts & (g.event_op < op) & (g.reuse_op > op)
+            valid &= ~(self._acted[self._node_tensor0] | self._chain_blocked)
         if not valid.any():
             valid[0] = True  # nothing to do, or nothing can help: only "do nothing"
         self._valid = valid
@@ -365,6 +373,7 @@ class SwapRecomputeEnv(gym.Env):
         """Add the action of ``node`` to the plan (no simulation)."""
         act = self.graph.action(node)
         self.actions.append(act)
+        self._nodes.append(int(node))
         self._acted[act.tensor] = True
         self._chosen[node] = True
         if self._chain_links is not None and self.graph.kind[node] == RECOMPUTE:
@@ -405,8 +414,8 @@ class SwapRecomputeEnv(gym.Env):
         self.episode_return += reward
         return float(reward), self._done
 
-    _EPISODE_FIELDS = ("actions", "_acted", "_chosen", "_chain_blocked", "_overhead", "_penalty", "_steps",
-                       "_done", "result", "_feasible", "_op", "_deficit", "_valid", "episode_return")
+    _EPISODE_FIELDS = ("actions", "_nodes", "_acted", "_chosen", "_chain_blocked", "_overhead", "_penalty",
+                       "_steps", "_done", "result", "_feasible", "_op", "_deficit", "_valid", "episode_return")
 
     def snapshot(self) -> tuple:
         """The episode's state, for :meth:`restore` (a planner's lookahead)."""

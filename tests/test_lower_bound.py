@@ -120,7 +120,7 @@ def dense_case(seed: int) -> tuple[Simulator, list[Action]]:
                    duplex=bool(rng.random() < 0.5), latency=float(rng.choice([0.0, 0.05])))
     sim = Simulator(trace, trace.peak_bytes, prof)
     actions = random_plan(sim, rng, float(rng.choice([0.5, 1.0])), longest_gap=True)
-    need = int(sim._prepare(actions).need.max(initial=0))
+    need = int(sim.memory_need(actions).max(initial=0))
     return Simulator(trace, max(need, trace.initial_bytes) + int(rng.integers(0, 3)), prof), actions
 
 

@@ -74,7 +74,7 @@ def figure4_trace(backward_gap: int = 2) -> tuple[Trace, dict[str, int]]:
 def test_no_actions_is_exact_and_matches_trace_memory() -> None:
     trace, _ = figure4_trace()
     sim = Simulator(trace, trace.peak_bytes, profile())
-    assert np.array_equal(sim.op_memory, trace.op_memory)
+    assert np.array_equal(sim.index.op_memory, trace.op_memory)
     r = sim.run([])
     assert r.feasible and r.makespan == trace.compute_time and r.overhead == 0.0
     assert r.peak_bytes == trace.peak_bytes == 7 and r.bytes_d2h == r.bytes_h2d == 0
@@ -243,7 +243,7 @@ def test_recursive_recompute_of_dead_input() -> None:
     assert not r.feasible and r.infeasible.op == 4
     assert (r.infeasible.needed, r.infeasible.available) == (4, 3)
     assert "recomputing with #1 f1" in r.infeasible.reason
-    assert int(sim._prepare([act]).need[4]) == 11
+    assert int(sim.analyse([act]).need[4]) == 11
 
 
 def test_recompute_reads_swapped_input() -> None:
@@ -259,7 +259,7 @@ def test_recompute_reads_swapped_input() -> None:
     trace = b.build()
     sim = Simulator(trace, 100, profile(bw=2.0))
     acts = [Action(event_of(trace, 1, s), s, SWAP), Action(event_of(trace, 2, a), a, REC)]
-    prep = sim._prepare(acts)
+    prep = sim.analyse(acts)
     assert prep.next_use[s] == 4  # needed by the re-run of f1 before b4, not by b5
     r = sim.run(acts)
     # s goes out 2-3 and, with room, comes back 3-4; the re-run of f1 (1 s) before b4.
@@ -521,7 +521,7 @@ def random_plan(sim: Simulator, rng: np.random.Generator, density: float,
     for t, options in by_tensor.items():
         if rng.random() < density:
             if longest_gap:
-                gap = {e: sim.event_next_use[e] - trace.event_op[e] for e, _ in options}
+                gap = {e: sim.index.event_return_op[e] - trace.event_op[e] for e, _ in options}
                 best = max(gap.values())
                 options = [(e, k) for e, k in options if gap[e] == best]
             e, k = options[int(rng.integers(len(options)))]
@@ -554,7 +554,7 @@ def random_case(seed: int, density: float) -> tuple[Simulator, list[Action]]:
     sim = Simulator(trace, random_limit(trace, rng), prof)
     actions = random_plan(sim, rng, density)
     if rng.random() < 0.5:
-        tight = max(int(sim._prepare(actions).need.max(initial=0)), trace.initial_bytes)
+        tight = max(int(sim.analyse(actions).need.max(initial=0)), trace.initial_bytes)
         sim = Simulator(trace, tight + int(rng.integers(0, 4)), prof)
     return sim, actions
 
@@ -563,19 +563,20 @@ def random_case(seed: int, density: float) -> tuple[Simulator, list[Action]]:
 def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, int, int, int, float]:
     """The model of the module docstring, written naively (no gates, no caches).
 
-    Shares only the static analysis (``_prepare``: closures, next uses, need) with
+    Shares only the static analysis (``Simulator.analyse``: closures, next uses, need) with
     the simulator.  Returns (feasible, makespan or stuck time, peak, bytes_d2h,
     bytes_h2d, recompute_time).
     """
-    prep = sim._prepare(actions)
+    prep = sim.analyse(actions)
     trace, limit, prof = sim.trace, sim.memory_limit, sim.profile
     nb = [int(x) for x in trace.tensor_nbytes]
     need0 = prep.need.astype(np.int64).copy()
-    mal, fre, scr = sim._mal, sim._fre, sim._scr
+    L = sim.lists
+    mal, fre, scr = L.mal, L.fre, L.scr
     d2h_t = lambda x: float(prof.transfer_time(nb[x], "d2h"))  # noqa: E731
     h2d_t = lambda x: float(prof.transfer_time(nb[x], "h2d"))  # noqa: E731
     # run: scratch of the op or re-run on the compute stream now (allocated on top of mem)
-    st: dict[str, Any] = dict(mem=sim._initial, peak=sim._initial, pending=0, d2h_free=0.0, h2d_free=0.0,
+    st: dict[str, Any] = dict(mem=trace.initial_bytes, peak=trace.initial_bytes, pending=0, d2h_free=0.0, h2d_free=0.0,
                               bd=0, bh=0, run=0)
     d2h: list[tuple[float, int]] = []  # scheduled swap-outs not yet completed
     d2h_end: dict[int, float] = {}
@@ -706,7 +707,7 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
 # --------------------------------------------------------------------------- properties
 def check_invariants(sim: Simulator, actions: list[Action], r: SimResult) -> None:
     trace = sim.trace
-    prep = sim._prepare(actions)
+    prep = sim.analyse(actions)
     assert r.peak_bytes <= r.memory_limit
     # Honesty: a plan is feasible exactly when every op's need under the plan fits.
     assert r.feasible == (int(prep.need.max(initial=0)) <= sim.memory_limit
@@ -767,7 +768,7 @@ def test_random_no_actions_exact(seed: int) -> None:
     sim = Simulator(trace, trace.peak_bytes + int(np.random.default_rng(seed).integers(0, 8)), profile())
     r = sim.run([])
     assert r.feasible and r.makespan == trace.compute_time and r.peak_bytes == trace.peak_bytes
-    assert np.array_equal(sim.op_memory, trace.op_memory)
+    assert np.array_equal(sim.index.op_memory, trace.op_memory)
 
 
 @settings(max_examples=60, deadline=None)
@@ -812,7 +813,7 @@ def test_valid_actions_shape_and_rules(tiny_resnet_trace: Trace) -> None:
     assert np.any(roles[va.can_swap] == Role.INPUT)
     kinds = trace.event_kind[va.can_swap]
     assert np.all(np.isin(kinds, [EventKind.READ, EventKind.WRITE]))
-    assert np.all(sim.event_next_use[va.can_swap] > trace.event_op[va.can_swap])
+    assert np.all(sim.index.event_return_op[va.can_swap] > trace.event_op[va.can_swap])
     producers = trace.tensor_alloc_op[trace.event_tensor[va.can_recompute]]
     assert np.all(trace.op_phase[producers] == Phase.FORWARD)
     assert va.can_swap.any() and va.can_recompute.any()

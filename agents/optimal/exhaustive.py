@@ -193,5 +193,5 @@ def random_case(rng: random.Random, shape: str | None = None, max_plans: int = 2
         lo, hi = int(trace.minimum_memory), int(trace.peak_bytes)
         limit = int(lo + rng.choice([0.1, 0.3, 0.5, 0.7, 0.9]) * (hi - lo))
         sim = Simulator(trace, limit, profile)
-        if count_plans(sim) <= max_plans and np.any(sim.op_memory > limit):
+        if count_plans(sim) <= max_plans and np.any(sim.index.op_memory > limit):
             return shape, trace, limit, profile

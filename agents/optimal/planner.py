@@ -159,7 +159,7 @@ class OptimalPlanner(BasePlanner):
                                               key=lambda r: r["makespan"])]
 
         cands = candidates(sim)
-        over = np.flatnonzero(sim.op_memory > limit)
+        over = np.flatnonzero(sim.index.op_memory > limit)
         found: dict[str, Any] = {"candidates": len(cands)}
         rounds: list[dict[str, Any]] = []
         program_infeasible = False
@@ -239,7 +239,7 @@ class OptimalPlanner(BasePlanner):
                 # (ran out, stalled, needs more than the limit, or held a tensor away that the program
                 # let come back) become checkpoints, at most `checkpoints` a round, the busiest first
                 # (the program grows with each); and this plan is cut off (its cost is known).
-                new = sorted(self._new_checkpoints(sim, acts, res, ks) - ks, key=lambda k: -int(sim.op_memory[k]))
+                new = sorted(self._new_checkpoints(sim, acts, res, ks) - ks, key=lambda k: -int(sim.index.op_memory[k]))
                 new = new[: int(s["checkpoints"])]
                 new_reruns = self._new_rerun_points(sim, acts, res) - reruns
                 ks |= set(new)
@@ -288,7 +288,7 @@ class OptimalPlanner(BasePlanner):
         queued behind it are then charged too early): a few a round, only where the first kind (minus
         the checkpoints ``ks`` already enforced) finds none."""
         limit = sim.memory_limit
-        over = sim.op_memory > limit
+        over = sim.index.op_memory > limit
         new = {int(k) for k in np.flatnonzero(res.memory_need > limit)}
         if not res.feasible and res.infeasible is not None:
             new.add(int(res.infeasible.op))
@@ -307,7 +307,7 @@ class OptimalPlanner(BasePlanner):
         schedule = res.schedule
         if schedule is not None:
             back_at = {int(t): int(op) for t, op in schedule.prefetch}
-            nxt = sim.event_next_use
+            nxt = sim.index.event_return_op
             first_stall = stalled[0] if stalled else len(over)
             held: set[int] = set()
             # the tensors due by the first stall; if their ops are all enforced already, every swap
@@ -323,7 +323,7 @@ class OptimalPlanner(BasePlanner):
                     break
             # a few a round, the busiest first: these ops are where the plan's tensors were away, not
             # where memory ran out, and each one grows the program
-            new |= set(sorted(held, key=lambda k: -int(sim.op_memory[k]))[:HELD_PER_ROUND])
+            new |= set(sorted(held, key=lambda k: -int(sim.index.op_memory[k]))[:HELD_PER_ROUND])
         return {k for k in new if over[k]} - set(ks)
 
     @staticmethod
@@ -332,7 +332,7 @@ class OptimalPlanner(BasePlanner):
         out: set[int] = set()
         if not res.feasible and res.infeasible is not None and res.infeasible.reason.startswith("recomputing"):
             out.add(int(res.infeasible.op))
-        nxt = sim.event_next_use
+        nxt = sim.index.event_return_op
         for a in acts:
             if a.kind == ActionKind.RECOMPUTE and res.memory_need[nxt[a.event]] > sim.memory_limit:
                 out.add(int(nxt[a.event]))

@@ -239,14 +239,14 @@ class Candidate:
 def candidates(sim: Simulator, every: bool = False) -> list[Candidate]:
     """The tensors whose action window covers an op over the limit (``every``: all tensors with a
     valid action), in the simulator's order of swap requests (leave op, then event)."""
-    over = sim.op_memory > sim.memory_limit
+    over = sim.index.op_memory > sim.memory_limit
     over_cum = np.concatenate(([0], np.cumsum(over)))
     can_swap, can_rec = sim.valid_actions()
     trace = sim.trace
     ev = np.flatnonzero(can_swap)
     out: list[Candidate] = []
     seen: set[int] = set()
-    ete, eop, nxt = trace.event_tensor, trace.event_op, sim.event_next_use
+    ete, eop, nxt = trace.event_tensor, trace.event_op, sim.index.event_return_op
     nbytes = trace.tensor_nbytes
     held = trace.held_op
     for e in ev[::-1].tolist():  # the last valid event of each tensor
@@ -274,7 +274,7 @@ def actionable_windows(sim: Simulator) -> list[tuple[int, int, int]]:
     out: dict[int, tuple[int, int, int]] = {}
     for e in np.flatnonzero(can_swap).tolist():
         t = int(trace.event_tensor[e])
-        out[t] = (t, max(int(trace.event_op[e]), int(held[t])), int(sim.event_next_use[e]))
+        out[t] = (t, max(int(trace.event_op[e]), int(held[t])), int(sim.index.event_return_op[e]))
     return list(out.values())
 
 
@@ -285,10 +285,10 @@ def critical_ops(sim: Simulator, cands: Sequence[Candidate]) -> list[int]:
     for c in cands:
         cut[c.act_op + 1] = True
         cut[c.next_use] = True
-    over = sim.op_memory > sim.memory_limit
+    over = sim.index.op_memory > sim.memory_limit
     seg = np.cumsum(cut[:n_ops])
     best: dict[int, int] = {}
-    mem = sim.op_memory
+    mem = sim.index.op_memory
     for k in np.flatnonzero(over).tolist():
         s = int(seg[k])
         if s not in best or mem[k] > mem[best[s]]:
@@ -354,7 +354,7 @@ class SwapProgram:
         trace = sim.trace
         n_ops = trace.n_ops
         limit = sim.memory_limit
-        ks = sorted({int(k) for k in checkpoints if sim.op_memory[k] > limit})
+        ks = sorted({int(k) for k in checkpoints if sim.index.op_memory[k] > limit})
         dur_ms = trace.op_duration.astype(np.float64) * MS
         self._cum = np.concatenate(([0.0], np.cumsum(dur_ms)))
         cands = self.cands
@@ -412,7 +412,7 @@ class SwapProgram:
         # Re-runs: q[p, n] >= r_x over x's static closure, chained through dropped inputs.
         free = trace.tensor_free_op.tolist()
         alloc = trace.tensor_alloc_op.tolist()
-        inputs = sim.op_inputs
+        inputs = sim.index.op_inputs
         q: dict[tuple[int, int], int] = {}
         chain_rows: set[tuple[int, int, tuple[int, ...]]] = set()
 
@@ -492,7 +492,7 @@ class SwapProgram:
         instants = (("start", lambda k: S[k]), ("end", lambda k: G[k + 1]))
         ws: dict[str, dict[tuple[int, int], int]] = {name: {} for name, _ in instants}
         for k in ks:
-            excess = float(sim.op_memory[k] - limit) / GIB
+            excess = float(sim.index.op_memory[k] - limit) / GIB
             for name, _ in instants:
                 w = ws[name]
                 for i in cover[k]:
@@ -569,7 +569,7 @@ class SwapProgram:
                        for h in dues if h > k)
 
         # Memory while the re-runs before n run (only at the ops given: added where a replay needed it).
-        mal = sim.op_malloc.tolist()
+        mal = sim.index.op_malloc.tolist()
         scr = trace.op_scratch.tolist()
         targets_at: dict[int, list[int]] = {}
         for i, c in enumerate(cands):
@@ -590,7 +590,7 @@ class SwapProgram:
             # Tensors the program has no variable for (their window covers no checkpoint) may be away
             # too, or not yet re-created if they are targets at n: taken as away.
             others_away = sum(int(trace.tensor_nbytes[t]) for t, a, nu in windows if a < n <= nu)
-            base = float(sim.op_memory[n] - mal[n] - scr[n] - limit - others_away) / GIB
+            base = float(sim.index.op_memory[n] - mal[n] - scr[n] - limit - others_away) / GIB
             relief = [(away[i], -cands[i].nbytes / GIB) for i in covering]
             relief += [(r[i], -cands[i].nbytes / GIB) for i in covering if r[i] >= 0]
             for x in tg:

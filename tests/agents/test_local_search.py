@@ -106,7 +106,7 @@ def test_a_swaps_window_is_exactly_its_change_in_memory_need(tiny_resnet_trace) 
     for _ in range(60):
         plan = _random_plan(sim, rng, int(rng.integers(0, 12)))
         res = sim.run(plan)
-        reread = {y for p in set(res.recompute_ops) for y in sim.op_inputs[p]}
+        reread = {y for p in set(res.recompute_ops) for y in sim.index.op_inputs[p]}
         free = [t for t in by_tensor if t not in {a.tensor for a in plan} and t not in reread]
         swaps = [a for t in free for a in by_tensor[t] if a.kind == ActionKind.SWAP]
         if not swaps:

@@ -203,7 +203,7 @@ def test_time_limit_counts_cpu_time(tiny_resnet_trace: Trace) -> None:
     limit = between(trace, 0.3)
     sim = Simulator(trace, limit, PROFILE)
     cands = candidates(sim)
-    prog = SwapProgram(sim, cands, [k for k in range(trace.n_ops) if sim.op_memory[k] > limit])
+    prog = SwapProgram(sim, cands, [k for k in range(trace.n_ops) if sim.index.op_memory[k] > limit])
     c0 = time.process_time()
     out = solve(prog, time_limit=1.0, gap=0.0)
     used = time.process_time() - c0

@@ -129,7 +129,7 @@ def test_program_charges_every_plan_at_most_its_simulated_makespan(seed: int) ->
     rng = random.Random(7000 + seed)
     shape, trace, limit, profile = random_case(rng, SHAPES[seed % len(SHAPES)], max_plans=100)
     sim = Simulator(trace, limit, profile)
-    over = np.flatnonzero(sim.op_memory > limit).tolist()
+    over = np.flatnonzero(sim.index.op_memory > limit).tolist()
     prog = SwapProgram(sim, candidates(sim), over, rerun_points=range(trace.n_ops))
     checked = 0
     for combo in itertools.product(*plan_choices(sim).values()):

@@ -136,7 +136,7 @@ def test_no_recompute_chains(trace, seed):
     removed = {a.tensor for a in e.actions if a.kind == 1}
     assert removed, "the limit is tight enough for random episodes to remove tensors"
     for x in removed:
-        producer_inputs = set(e.sim.op_inputs[int(trace.tensor_alloc_op[x])])
+        producer_inputs = set(e.sim.index.op_inputs[int(trace.tensor_alloc_op[x])])
         assert not (producer_inputs & removed), f"tensor {x} would need another re-run first"
     res = simulate(trace, e.plan(), memory_limit=e.memory_limit, profile=e.profile, overcommit=True)
     assert total == pytest.approx(-res.overhead - info["penalty"], rel=1e-9, abs=1e-12)
@@ -190,7 +190,7 @@ def test_deficit_ahead_reads_the_simulators_memory_need(trace):
     e.reset(seed=0)
     assert not e.feasible and e.deficit_ahead(0) == 0.0
     need = e.sim.memory_need([])
-    assert np.array_equal(need, e.sim.op_memory)  # the empty plan needs what the trace allocates
+    assert np.array_equal(need, e.sim.index.op_memory)  # the empty plan needs what the trace allocates
     op = e.decision_op
     for k in (1, 5, 40):
         expect = max(int(need[op + 1: op + 1 + k].max()) - e.memory_limit, 0) if op + 1 < len(need) else 0

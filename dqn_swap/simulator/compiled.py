@@ -1,0 +1,752 @@
+"""The compiled engine: :func:`dqn_swap.simulator.analysis.analyse` and
+:func:`dqn_swap.simulator.engine.run_reference` ported line by line to Numba.
+
+Same model, same decisions, same float operations in the same order, so the same results
+bit for bit (``tests/test_simulator_engines.py`` checks it on random traces and plans).  What
+changes is the representation:
+
+* per-op lists become CSR tables (``ptr[k]:ptr[k + 1]`` into a flat array), dicts become
+  arrays indexed by tensor or op (marks stamped per recompute target group, so nothing is
+  cleared between groups);
+* the prefetch queue is a binary heap of int64 keys ``next_use * n_tensors + tensor`` (the
+  reference's ``(next_use, tensor)`` tuples in the same order), the device-to-host queue a
+  FIFO array with a head pointer;
+* the reference's closures over ``nonlocal`` state become functions over two small state
+  vectors (``S``: int64, ``F``: float64), and its ``_Stuck`` exception a recorded stuck point
+  (op, bytes needed and available, a reason code turned into the reference's words by
+  :func:`reason_text`) plus a halt flag that unwinds the loop at once.
+
+Functions are compiled once per process, on first use, with ``cache=True`` (a second process
+loads the machine code from ``__pycache__``); every call passes the same dtypes (int64,
+float64, bool arrays; Python ints, floats and bools), so each compiles to one signature.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+INF = np.inf
+
+# Int state S
+MEM, PEAK, PEAK_OP, PENDING, PF_GATE, RUNNING, VERSION, SM_T, SM_V, SM_LEN, LIMIT, BYTES_D2H, BYTES_H2D, \
+    MAX_PENDING, HEAP_N, QH, QT, PLOG_N, STUCK, ST_OP, ST_NEEDED, ST_AVAIL, ST_CODE, ST_ARG, HALT, REC_N, \
+    N_S = range(27)
+# Float state F (the clock and the stalls too: what the engine returns); PH_STALL: 3 slots, by phase
+PF_TIME, NXT, D2H_FREE, H2D_FREE, ST_TIME, CLOCK, ST_SWAP, ST_PF, ST_REC, PH_STALL = range(10)
+N_F = PH_STALL + 3
+
+# Why an allocation could not fit (the reference's reason strings, :func:`reason_text`).
+PREEXISTING, PREFETCHING, RECOMPUTING, OUTPUTS_AND_SCRATCH, OUTPUTS = range(5)
+
+
+def reason_text(code: int, arg: int, trace) -> str:  # noqa: ANN001
+    """The reference engine's words for a stuck point's reason code (``arg``: tensor or op)."""
+    if code == PREEXISTING:
+        return "the preexisting tensors (parameters, inputs)"
+    if code == PREFETCHING:
+        return f"prefetching tensor {arg}"
+    if code == RECOMPUTING:
+        return f"recomputing with {trace.op_label(arg)}"
+    if code == OUTPUTS_AND_SCRATCH:
+        return "allocating its outputs and scratch"
+    return "allocating its outputs"
+
+
+_jit = numba.njit(cache=True, nogil=True)
+# Helpers allocate nothing: compiled without reference counting, a call then costs nanoseconds (with it,
+# each array argument costs two atomic operations per call, most of a run's time).
+_helper = numba.njit(cache=True, nogil=True, _nrt=False)
+
+
+# ---------------------------------------------------------------------------------- analysis
+@_jit
+def analyse(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, in_ptr, in_idx, op_memory,
+            a_event, a_kind, a_tensor):
+    """:func:`dqn_swap.simulator.analysis.analyse` on validated int64 action arrays.
+
+    Returns the issues (CSR by op: tensor, is_swap), the prefetch waits (CSR by op, tensors
+    ascending), the recompute groups (target op, steps as CSR: producer, bytes released,
+    swapped leaves; the tensors made and the transient inputs' last readers, for the
+    schedule), the ignored actions (positions, in event order), next use per tensor and need."""
+    n_ops = len(mal)
+    n_t = len(nbytes)
+    n_a = len(a_event)
+    order = np.argsort(a_event * 2 + a_kind, kind="mergesort")
+    acted = np.zeros(n_t, dtype=np.bool_)
+    is_removed = np.zeros(n_t, dtype=np.bool_)
+    act_op = np.empty(n_t, dtype=np.int64)
+    act_next = np.empty(n_t, dtype=np.int64)
+    next_use = np.empty(n_t, dtype=np.int64)
+    kept_t = np.empty(n_a, dtype=np.int64)
+    ignored = np.empty(n_a, dtype=np.int64)
+    n_kept = 0
+    n_ign = 0
+    n_swap = 0
+    n_rem = 0
+    for j in range(n_a):
+        a = order[j]
+        e, k, t = a_event[a], a_kind[a], a_tensor[a]
+        if acted[t]:
+            ignored[n_ign] = a
+            n_ign += 1
+            continue
+        acted[t] = True
+        i = ev_op[e]
+        if held[t] > i:
+            i = held[t]
+        act_op[t] = i
+        act_next[t] = ev_next[e]
+        if k == 1:
+            is_removed[t] = True
+            n_rem += 1
+        else:
+            next_use[t] = ev_next[e]
+            n_swap += 1
+        kept_t[n_kept] = t
+        n_kept += 1
+    # Issues by op, in event order within an op (counting sort, stable).
+    iss_ptr = np.zeros(n_ops + 1, dtype=np.int64)
+    for j in range(n_kept):
+        iss_ptr[act_op[kept_t[j]] + 1] += 1
+    for k in range(n_ops):
+        iss_ptr[k + 1] += iss_ptr[k]
+    fill = iss_ptr[:-1].copy()
+    iss_t = np.empty(n_kept, dtype=np.int64)
+    iss_swap = np.empty(n_kept, dtype=np.bool_)
+    for j in range(n_kept):
+        t = kept_t[j]
+        o = act_op[t]
+        iss_t[fill[o]] = t
+        iss_swap[fill[o]] = not is_removed[t]
+        fill[o] += 1
+
+    # Recompute groups: the removed tensors by target op n (their trace next use).
+    rem_t = np.empty(n_rem, dtype=np.int64)
+    r = 0
+    for j in range(n_kept):
+        if is_removed[kept_t[j]]:
+            rem_t[r] = kept_t[j]
+            r += 1
+    rem_key = np.empty(n_rem, dtype=np.int64)
+    for j in range(n_rem):
+        rem_key[j] = act_next[rem_t[j]]
+    rorder = np.argsort(rem_key, kind="mergesort")
+    n_grp = 0
+    for j in range(n_rem):
+        if j == 0 or rem_key[rorder[j]] != rem_key[rorder[j - 1]]:
+            n_grp += 1
+    grp_n = np.empty(n_grp, dtype=np.int64)
+    grp_step_ptr = np.zeros(n_grp + 1, dtype=np.int64)
+    grp_made_ptr = np.zeros(n_grp + 1, dtype=np.int64)
+    grp_lr_ptr = np.zeros(n_grp + 1, dtype=np.int64)
+    grp_extra = np.zeros(n_grp, dtype=np.int64)
+    grp_target_bytes = np.zeros(n_grp, dtype=np.int64)
+    grp_of_op = np.full(n_ops, -1, dtype=np.int64)
+    cap = 16
+    step_p = np.empty(cap, dtype=np.int64)
+    step_release = np.empty(cap, dtype=np.int64)
+    step_leaf_ptr = np.zeros(cap + 1, dtype=np.int64)
+    leaf_t = np.empty(cap, dtype=np.int64)
+    made_t = np.empty(cap, dtype=np.int64)
+    lr_y = np.empty(cap, dtype=np.int64)
+    lr_p = np.empty(cap, dtype=np.int64)
+    n_steps = 0
+    n_leaves = 0
+    n_made = 0
+    n_lr = 0
+    nt_g = n_t if n_grp else 0  # work tables, only when something is recomputed
+    no_g = n_ops if n_grp else 0
+    inset = np.full(nt_g, -1, dtype=np.int64)  # group stamp: in the closure
+    target = np.full(nt_g, -1, dtype=np.int64)  # group stamp: a target of the group
+    last_reader = np.empty(nt_g, dtype=np.int64)
+    lr_seen = np.full(nt_g, -1, dtype=np.int64)
+    op_stamp = np.full(no_g, -1, dtype=np.int64)
+    kept_b = np.zeros(no_g, dtype=np.int64)
+    freed_b = np.zeros(no_g, dtype=np.int64)
+    stack = np.empty(nt_g, dtype=np.int64)
+    members = np.empty(nt_g, dtype=np.int64)
+    ops = np.empty(no_g, dtype=np.int64)
+    lr_list = np.empty(nt_g, dtype=np.int64)
+    g = -1
+    j = 0
+    while j < n_rem:
+        g += 1
+        n = rem_key[rorder[j]]
+        j2 = j
+        while j2 < n_rem and rem_key[rorder[j2]] == n:
+            j2 += 1
+        grp_n[g] = n
+        grp_of_op[n] = g
+        # Closure: everything that must be materialised before op n.
+        n_mem = 0
+        sp = 0
+        tb = 0
+        for q in range(j, j2):
+            x = rem_t[rorder[q]]
+            inset[x] = g
+            target[x] = g
+            members[n_mem] = x
+            n_mem += 1
+            stack[sp] = x
+            sp += 1
+            tb += nbytes[x]
+        grp_target_bytes[g] = tb
+        while sp > 0:
+            sp -= 1
+            x = stack[sp]
+            p = alloc[x]
+            for q in range(in_ptr[p], in_ptr[p + 1]):
+                y = in_idx[q]
+                if inset[y] == g:
+                    continue
+                fo = free[y]
+                if (is_removed[y] and act_op[y] < n and n < act_next[y]) or (0 <= fo and fo < n):
+                    inset[y] = g
+                    members[n_mem] = y
+                    n_mem += 1
+                    stack[sp] = y
+                    sp += 1
+        # Producer ops in order, bytes kept per op.
+        n_o = 0
+        for q in range(n_mem):
+            x = members[q]
+            p = alloc[x]
+            if op_stamp[p] != g:
+                op_stamp[p] = g
+                kept_b[p] = 0
+                freed_b[p] = 0
+                ops[n_o] = p
+                n_o += 1
+            kept_b[p] += nbytes[x]
+        ops[:n_o].sort()
+        # Last reader of each transient input, swapped leaves of each re-run.
+        n_lrl = 0
+        while n_steps + n_o > len(step_p):
+            step_p = _grow(step_p, n_steps + n_o)
+            step_release = _grow(step_release, n_steps + n_o)
+            step_leaf_ptr = _grow(step_leaf_ptr, n_steps + n_o + 1)
+        for oi in range(n_o):
+            p = ops[oi]
+            for q in range(in_ptr[p], in_ptr[p + 1]):
+                y = in_idx[q]
+                if inset[y] == g and target[y] != g:
+                    if lr_seen[y] != g:
+                        lr_seen[y] = g
+                        lr_list[n_lrl] = y
+                        n_lrl += 1
+                    last_reader[y] = p
+                elif acted[y] and not is_removed[y] and act_op[y] < n and n < act_next[y]:
+                    if n_leaves >= len(leaf_t):
+                        leaf_t = _grow(leaf_t, n_leaves + 1)
+                    leaf_t[n_leaves] = y
+                    n_leaves += 1
+                    if n < next_use[y]:
+                        next_use[y] = n
+            step_leaf_ptr[n_steps + oi + 1] = n_leaves
+        for q in range(n_lrl):
+            y = lr_list[q]
+            freed_b[last_reader[y]] += nbytes[y]
+        cur = 0
+        peak = 0
+        for oi in range(n_o):
+            p = ops[oi]
+            cur += mal[p]
+            if cur + scr[p] > peak:
+                peak = cur + scr[p]
+            release = mal[p] - kept_b[p] + freed_b[p]
+            cur -= release
+            step_p[n_steps] = p
+            step_release[n_steps] = release
+            n_steps += 1
+        grp_step_ptr[g + 1] = n_steps
+        grp_extra[g] = peak
+        # For the schedule: the tensors made, the transient inputs' last readers.
+        if n_made + n_mem > len(made_t):
+            made_t = _grow(made_t, n_made + n_mem)
+        made_t[n_made:n_made + n_mem] = members[:n_mem]
+        n_made += n_mem
+        grp_made_ptr[g + 1] = n_made
+        if n_lr + n_lrl > len(lr_y):
+            lr_y = _grow(lr_y, n_lr + n_lrl)
+            lr_p = _grow(lr_p, n_lr + n_lrl)
+        for q in range(n_lrl):
+            lr_y[n_lr] = lr_list[q]
+            lr_p[n_lr] = last_reader[lr_list[q]]
+            n_lr += 1
+        grp_lr_ptr[g + 1] = n_lr
+        j = j2
+
+    # Prefetch waits: swapped tensors by next use, ascending tensor within an op.
+    wkey = np.empty(n_swap, dtype=np.int64)
+    w = 0
+    for q in range(n_kept):
+        t = kept_t[q]
+        if not is_removed[t]:
+            wkey[w] = next_use[t] * n_t + t
+            w += 1
+    wkey.sort()
+    wait_ptr = np.zeros(n_ops + 1, dtype=np.int64)
+    wait_t = np.empty(n_swap, dtype=np.int64)
+    for q in range(n_swap):
+        wait_ptr[wkey[q] // n_t + 1] += 1
+        wait_t[q] = wkey[q] % n_t
+    for k in range(n_ops):
+        wait_ptr[k + 1] += wait_ptr[k]
+
+    # need[j]: memory during op j if swap-outs completed instantly.
+    if n_kept:
+        b_from = np.zeros(n_ops + 1, dtype=np.float64)
+        b_to = np.zeros(n_ops + 1, dtype=np.float64)
+        for q in range(n_kept):
+            t = kept_t[q]
+            if not is_removed[t]:
+                b_from[act_op[t] + 1] += np.float64(nbytes[t])
+                b_to[next_use[t]] += np.float64(nbytes[t])
+        for q in range(n_kept):
+            t = kept_t[q]
+            if is_removed[t]:
+                b_from[act_op[t] + 1] += np.float64(nbytes[t])
+                b_to[act_next[t]] += np.float64(nbytes[t])
+        need = np.empty(n_ops, dtype=np.int64)
+        acc = 0.0
+        for k in range(n_ops):
+            acc += b_from[k] - b_to[k]
+            need[k] = op_memory[k] - np.int64(acc)
+    else:
+        need = op_memory.copy()
+    for gi in range(n_grp):
+        n = grp_n[gi]
+        before = need[n] - mal[n] - scr[n] - grp_target_bytes[gi]
+        if before + grp_extra[gi] > need[n]:
+            need[n] = before + grp_extra[gi]
+    return (iss_ptr, iss_t, iss_swap, wait_ptr, wait_t, grp_n, grp_of_op, grp_step_ptr, step_p[:n_steps],
+            step_release[:n_steps], step_leaf_ptr[:n_steps + 1], leaf_t[:n_leaves], grp_made_ptr,
+            made_t[:n_made], grp_lr_ptr, lr_y[:n_lr], lr_p[:n_lr], ignored[:n_ign], next_use, need, n_swap)
+
+
+@_jit
+def _grow(a, need):
+    out = np.empty(max(need, 2 * len(a)), dtype=a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+# ---------------------------------------------------------------------------------- time loop
+@_helper
+def _heap_push(heap, S, key):
+    i = S[HEAP_N]
+    S[HEAP_N] = i + 1
+    heap[i] = key
+    while i > 0:
+        parent = (i - 1) >> 1
+        if heap[parent] <= key:
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = key
+
+
+@_helper
+def _heap_pop(heap, S):
+    top = heap[0]
+    n = S[HEAP_N] - 1
+    S[HEAP_N] = n
+    if n > 0:
+        last = heap[n]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and heap[c + 1] < heap[c]:
+                c += 1
+            if heap[c] >= last:
+                break
+            heap[i] = heap[c]
+            i = c
+        heap[i] = last
+    return top
+
+
+@_helper
+def _eval_head(S, F, k0, now, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big):
+    """Recompute when the head of the prefetch queue may start (admission rule)."""
+    td = q_time[S[QH]] if S[QH] < S[QT] else INF
+    if S[HEAP_N] > 0:
+        key = heap[0]
+        n = key // stride
+        y_t = key % stride
+        t = d2h_end[y_t]
+        if t > now:
+            # Its swap-out is still running: every D2H completion re-evaluates the head.
+            F[PF_TIME] = INF
+            S[PF_GATE] = big
+            F[NXT] = td
+            return
+        y = nbytes[y_t]
+        if n > k0:  # admission rule over ops k0 .. n-1
+            thr = S[LIMIT] - S[PENDING] - y
+            if S[SM_T] != y_t or S[SM_V] != S[VERSION]:
+                # suffix maxima of need over [k0, n), reversed: sm_rev[n-1-j] = max(need[j:n])
+                m = need_arr[n - 1]
+                sm_rev[0] = m
+                for i in range(1, n - k0):
+                    v = need_arr[n - 1 - i]
+                    if v > m:
+                        m = v
+                    sm_rev[i] = m
+                S[SM_LEN] = n - k0
+                S[SM_T] = y_t
+                S[SM_V] = S[VERSION]
+            if sm_rev[n - 1 - k0] > thr:
+                F[PF_TIME] = INF
+                F[NXT] = td
+                lo = 0
+                hi = S[SM_LEN]
+                while lo < hi:  # searchsorted(sm_rev, thr, "right")
+                    mid = (lo + hi) >> 1
+                    if sm_rev[mid] <= thr:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                S[PF_GATE] = n - lo
+                return
+        if S[MEM] + S[RUNNING] + y > S[LIMIT]:  # must fit now
+            F[PF_TIME] = INF
+            S[PF_GATE] = k0 + 1
+            F[NXT] = td
+            return
+        if t < F[H2D_FREE]:
+            t = F[H2D_FREE]
+        if not duplex and t < F[D2H_FREE]:
+            t = F[D2H_FREE]
+        if t < now:
+            t = now
+        F[PF_TIME] = t
+        S[PF_GATE] = big
+        F[NXT] = td if td < t else t
+    else:
+        F[PF_TIME] = INF
+        S[PF_GATE] = big
+        F[NXT] = td
+
+
+@_helper
+def _start_head(S, F, k0, st, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, plog_t, plog_k, duplex):
+    """Start the H2D copy of the head of the prefetch queue at ``st`` (it is allocated now)."""
+    key = _heap_pop(heap, S)
+    n = key // stride
+    y_t = key % stride
+    y = nbytes[y_t]
+    S[MEM] += y
+    if S[MEM] + S[RUNNING] > S[PEAK]:
+        S[PEAK] = S[MEM] + S[RUNNING]
+        S[PEAK_OP] = k0
+    plog_t[S[PLOG_N]] = y_t
+    plog_k[S[PLOG_N]] = k0
+    S[PLOG_N] += 1
+    e = st + tt_h2d[y_t]
+    h2d_end[y_t] = e
+    h2d_set[y_t] = True
+    F[H2D_FREE] = e
+    if not duplex:
+        F[D2H_FREE] = e
+    S[BYTES_H2D] += y
+    if n > k0:
+        for j in range(k0, n):
+            need_arr[j] += y  # early: counts against every op before its use
+        S[VERSION] += 1
+
+
+@_helper
+def _advance(S, F, T, k0, incl, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+             need_arr, sm_rev, plog_t, plog_k, duplex, big):
+    """Process copy events before ``T`` (or at ``T`` if ``incl``); ``k0``: running or next op."""
+    while True:
+        td = q_time[S[QH]] if S[QH] < S[QT] else INF
+        if td <= F[PF_TIME]:  # a release first at equal times: it can only help
+            if td > T or (td == T and not incl):
+                return
+            x = q_tensor[S[QH]]
+            S[QH] += 1
+            s = nbytes[x]
+            S[MEM] -= s
+            S[PENDING] -= s
+            _eval_head(S, F, k0, td, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+        else:
+            tp = F[PF_TIME]
+            if tp > T or (tp == T and not incl):
+                return
+            if S[MEM] + S[RUNNING] + nbytes[heap[0] % stride] <= S[LIMIT]:
+                _start_head(S, F, k0, tp, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, plog_t,
+                            plog_k, duplex)
+            _eval_head(S, F, k0, tp, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+
+
+@_helper
+def _stuck(S, F, op, needed, available, code, arg, time):
+    """Remember the first point where the plan does not fit."""
+    if S[STUCK] == 0:
+        S[STUCK] = 1
+        S[ST_OP] = op
+        S[ST_NEEDED] = needed
+        S[ST_AVAIL] = available
+        S[ST_CODE] = code
+        S[ST_ARG] = arg
+        F[ST_TIME] = time
+
+
+@_helper
+def first_invalid(ev_tensor, can_swap, can_rec, a_event, a_kind, a_tensor):
+    """The position of the first invalid action (the reference's check), -1 when all are valid."""
+    n_e = len(ev_tensor)
+    for j in range(len(a_event)):
+        e, k = a_event[j], a_kind[j]
+        if not (0 <= e < n_e and ev_tensor[e] == a_tensor[j]
+                and (can_swap[e] if k == 0 else (can_rec[e] if k == 1 else False))):
+            return j
+    return -1
+
+
+@_jit
+def simulate(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, fre, dur, phase, tt_d2h, tt_h2d,
+             in_ptr, in_idx, op_memory, ev_tensor, can_swap, can_rec, initial, limit, duplex, overcommit,
+             a_event, a_kind, a_tensor):
+    """Check and analyse int64 action arrays and run the time loop of
+    :func:`dqn_swap.simulator.engine.run_reference`.
+
+    Returns ``(bad, S, F, recompute_ops, prefetch log tensors, prefetch log ops, need, ignored)``:
+    ``bad`` the first invalid action (-1: none; nothing else is then meaningful), the final
+    state vectors (``F`` holds the clock and the stalls), the re-run ops in order, the prefetch
+    starts (tensor, op), the plan's need and the ignored actions' positions."""
+    bad = first_invalid(ev_tensor, can_swap, can_rec, a_event, a_kind, a_tensor)
+    if bad >= 0:
+        e0 = np.zeros(0, dtype=np.int64)
+        return bad, np.zeros(N_S, dtype=np.int64), np.zeros(N_F, dtype=np.float64), e0, e0, e0, e0, e0
+    an = analyse(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, in_ptr, in_idx, op_memory,
+                 a_event, a_kind, a_tensor)
+    (iss_ptr, iss_t, iss_swap, wait_ptr, wait_t, grp_n, grp_of_op, grp_step_ptr, step_p, step_release,
+     step_leaf_ptr, leaf_t, _made_ptr, _made, _lr_ptr, _lr_y, _lr_p, ignored, next_use, need, n_swap) = an
+    n_ops = len(mal)
+    n_t = len(nbytes)
+    big = n_ops + 1
+    stride = n_t
+    need_arr = need.copy()  # raised where a prefetch starts early; need stays the plan's
+    S = np.zeros(N_S, dtype=np.int64)
+    F = np.zeros(N_F, dtype=np.float64)
+    heap = np.empty(max(n_swap, 1), dtype=np.int64)
+    q_time = np.empty(max(n_swap, 1), dtype=np.float64)
+    q_tensor = np.empty(max(n_swap, 1), dtype=np.int64)
+    plog_t = np.empty(max(n_swap, 1), dtype=np.int64)
+    plog_k = np.empty(max(n_swap, 1), dtype=np.int64)
+    d2h_end = np.empty(n_t, dtype=np.float64)
+    h2d_end = np.empty(n_t, dtype=np.float64)
+    h2d_set = np.zeros(n_t, dtype=np.bool_)
+    sm_rev = np.empty(max(n_ops, 1), dtype=np.int64)
+    rec_ops = np.empty(max(len(step_p), 1), dtype=np.int64)
+    S[MEM] = initial
+    S[PEAK] = initial
+    S[PF_GATE] = big
+    S[SM_T] = -1
+    S[SM_V] = -1
+    S[LIMIT] = limit
+    F[PF_TIME] = INF
+    F[NXT] = INF
+    st_swap = 0.0
+    st_pf = 0.0
+    st_rec = 0.0
+    ph_stall = F[PH_STALL:PH_STALL + 3]
+
+    t = 0.0
+    if S[MEM] > S[LIMIT]:
+        _stuck(S, F, 0, S[MEM], S[LIMIT], PREEXISTING, 0, 0.0)
+        if not overcommit:
+            S[HALT] = 1
+        else:
+            S[LIMIT] += S[MEM] - S[LIMIT]
+    for k in range(n_ops):
+        if S[HALT]:
+            break
+        if k >= S[PF_GATE]:
+            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+        if F[NXT] <= t:
+            _advance(S, F, t, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+                     need_arr, sm_rev, plog_t, plog_k, duplex, big)
+        # The op's own swapped inputs first, then its re-runs.
+        for j in range(wait_ptr[k], wait_ptr[k + 1]):
+            t2 = _wait_prefetch(S, F, wait_t[j], k, t, overcommit, heap, stride, d2h_end, q_time, q_tensor,
+                                nbytes, tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big)
+            if S[HALT]:
+                break
+            if t2 > t:
+                st_pf += t2 - t
+                ph_stall[phase[k]] += t2 - t
+                t = t2
+        if S[HALT]:
+            break
+        g = grp_of_op[k]
+        if g >= 0:
+            for s in range(grp_step_ptr[g], grp_step_ptr[g + 1]):
+                p = step_p[s]
+                d = dur[p]
+                amount = mal[p]
+                scratch = scr[p]
+                for j in range(step_leaf_ptr[s], step_leaf_ptr[s + 1]):
+                    t2 = _wait_prefetch(S, F, leaf_t[j], k, t, overcommit, heap, stride, d2h_end, q_time,
+                                        q_tensor, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t,
+                                        plog_k, duplex, big)
+                    if S[HALT]:
+                        break
+                    if t2 > t:
+                        st_pf += t2 - t
+                        ph_stall[phase[k]] += t2 - t
+                        t = t2
+                if S[HALT]:
+                    break
+                if S[MEM] + amount + scratch > S[LIMIT]:
+                    t2 = _wait_memory(S, F, amount + scratch, k, t, RECOMPUTING, p, overcommit, heap, stride,
+                                      d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set, need_arr,
+                                      sm_rev, plog_t, plog_k, duplex, big)
+                    if S[HALT]:
+                        break
+                    st_swap += t2 - t
+                    ph_stall[phase[k]] += t2 - t
+                    t = t2
+                S[MEM] += amount
+                S[RUNNING] = scratch  # the re-run's own scratch, until it ends
+                if S[MEM] + scratch > S[PEAK]:
+                    S[PEAK] = S[MEM] + scratch
+                    S[PEAK_OP] = k
+                t2 = t + d
+                if F[NXT] < t2:
+                    _advance(S, F, t2, k, False, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end,
+                             h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                st_rec += d
+                ph_stall[phase[k]] += d
+                rec_ops[S[REC_N]] = p
+                S[REC_N] += 1
+                t = t2
+                S[RUNNING] = 0
+                S[MEM] -= step_release[s]
+                _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+            if S[HALT]:
+                break
+        m = S[MEM] + mal[k]
+        scratch = scr[k]
+        if m + scratch > S[LIMIT]:
+            t2 = _wait_memory(S, F, mal[k] + scratch, k, t, OUTPUTS_AND_SCRATCH if scratch else OUTPUTS, 0,
+                              overcommit, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end,
+                              h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big)
+            if S[HALT]:
+                break
+            st_swap += t2 - t
+            ph_stall[phase[k]] += t2 - t
+            t = t2
+            m = S[MEM] + mal[k]
+        S[MEM] = m
+        S[RUNNING] = scratch  # the kernel's scratch, until the op ends
+        if m + scratch > S[PEAK]:
+            S[PEAK] = m + scratch
+            S[PEAK_OP] = k
+        te = t + dur[k]
+        if F[NXT] < te:
+            _advance(S, F, te, k, False, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+                     need_arr, sm_rev, plog_t, plog_k, duplex, big)
+        S[RUNNING] = 0
+        S[MEM] -= fre[k]
+        if iss_ptr[k + 1] > iss_ptr[k]:
+            for j in range(iss_ptr[k], iss_ptr[k + 1]):
+                x = iss_t[j]
+                s = nbytes[x]
+                if iss_swap[j]:
+                    st = te if te > F[D2H_FREE] else F[D2H_FREE]
+                    if not duplex and F[H2D_FREE] > st:
+                        st = F[H2D_FREE]
+                    e = st + tt_d2h[x]
+                    F[D2H_FREE] = e
+                    if not duplex:
+                        F[H2D_FREE] = e
+                    q_time[S[QT]] = e
+                    q_tensor[S[QT]] = x
+                    S[QT] += 1
+                    d2h_end[x] = e
+                    S[PENDING] += s
+                    if S[PENDING] > S[MAX_PENDING]:
+                        S[MAX_PENDING] = S[PENDING]
+                    S[BYTES_D2H] += s
+                    _heap_push(heap, S, next_use[x] * stride + x)
+                else:
+                    S[MEM] -= s
+            _eval_head(S, F, k + 1, te, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+        t = te
+    F[CLOCK] = t
+    F[ST_SWAP] = st_swap
+    F[ST_PF] = st_pf
+    F[ST_REC] = st_rec
+    return -1, S, F, rec_ops[:S[REC_N]], plog_t[:S[PLOG_N]], plog_k[:S[PLOG_N]], need, ignored
+
+
+@_helper
+def _wait_memory(S, F, amount, k, t, code, arg, overcommit, heap, stride, d2h_end, q_time, q_tensor, nbytes,
+                 tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big):
+    """Wait for swap-outs until ``amount`` more bytes fit; returns the time reached."""
+    while S[MEM] + amount > S[LIMIT]:
+        if S[QH] >= S[QT]:
+            _stuck(S, F, k, amount, S[LIMIT] - S[MEM], code, arg, t)
+            if not overcommit:
+                S[HALT] = 1
+                return t
+            over = S[MEM] + amount - S[LIMIT]
+            if over > 0:
+                S[LIMIT] += over
+            return t
+        td = q_time[S[QH]]
+        _advance(S, F, td, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+                 need_arr, sm_rev, plog_t, plog_k, duplex, big)
+        if td > t:
+            t = td
+    return t
+
+
+@_helper
+def _wait_prefetch(S, F, y_t, k, t, overcommit, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end,
+                   h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big):
+    """Wait until swapped tensor ``y_t`` is back on the device; returns the time reached."""
+    while not h2d_set[y_t]:
+        if F[NXT] == INF:
+            h = heap[0] % stride
+            needed = nbytes[h]
+            available = S[LIMIT] - S[MEM]
+            if not overcommit:
+                _stuck(S, F, k, needed, available, PREFETCHING, h, t)
+                S[HALT] = 1
+                return t
+            # fetch it now, whatever the admission rule says
+            st = t
+            if F[H2D_FREE] > st:
+                st = F[H2D_FREE]
+            if d2h_end[h] > st:
+                st = d2h_end[h]
+            if not duplex and F[D2H_FREE] > st:
+                st = F[D2H_FREE]
+            _start_head(S, F, k, st, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, plog_t, plog_k,
+                        duplex)
+            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+            _stuck(S, F, k, needed, available, PREFETCHING, h, t)
+            over = S[MEM] - S[LIMIT]
+            if over > 0:
+                S[LIMIT] += over
+            continue
+        tn = F[NXT]
+        _advance(S, F, tn, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+                 need_arr, sm_rev, plog_t, plog_k, duplex, big)
+        if tn > t:
+            t = tn
+    e = h2d_end[y_t]
+    if e > t:
+        if F[NXT] <= e:
+            _advance(S, F, e, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+                     need_arr, sm_rev, plog_t, plog_k, duplex, big)
+        t = e
+    return t

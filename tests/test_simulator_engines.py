@@ -1,0 +1,134 @@
+"""The compiled engine agrees with the reference engine exactly: every figure (floats compared
+with ``==``), the schedule, the memory need and the ignored actions, on random traces and
+plans (swaps, recomputes, mixed; tight, loose and infeasible limits; duplex and simplex copy
+engines; overcommit on and off).  ``benchmarks/bench_engines.py`` runs the same comparison on
+10,000 pairs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dqn_swap.plan import Action, ActionKind
+from dqn_swap.simulator import SimResult, Simulator, simulate
+from dqn_swap.trace import EventKind
+from tests.test_simulator import event_of, figure4_trace, profile, random_plan, random_profile, random_trace
+
+# Every SimResult field both engines fill (the timeline and op starts come from the reference only).
+FIELDS = ("feasible", "makespan", "compute_time", "overhead", "stall", "stall_by_phase", "recompute_time",
+          "bytes_d2h", "bytes_h2d", "peak_bytes", "peak_op", "memory_limit", "lower_bound",
+          "makespan_over_lower_bound", "infeasible", "ignored_actions", "recompute_ops")
+
+
+def differences(a: SimResult, b: SimResult) -> list[str]:
+    """Names of what differs between two results (exact comparison, floats included)."""
+    out = [f for f in FIELDS if getattr(a, f) != getattr(b, f)]
+    for f in ("makespan", "overhead"):  # the same float, bit for bit (== would let 0.0 match -0.0)
+        if math.copysign(1.0, getattr(a, f)) != math.copysign(1.0, getattr(b, f)):
+            out.append(f"{f} sign")
+    if not np.array_equal(a.memory_need, b.memory_need) or a.memory_need.dtype != b.memory_need.dtype:
+        out.append("memory_need")
+    if a.schedule != b.schedule:
+        out.append("schedule")
+    return out
+
+
+def random_pair(seed: int) -> tuple[Simulator, Simulator, list[Action], bool]:
+    """A random (trace, plan) and both engines' simulators: ``(compiled, python, actions, overcommit)``.
+
+    The plan swaps, removes or mixes (a third each); the limit is random (often infeasible) or
+    the plan's own need plus 0-3 bytes (feasible and tight); profiles duplex or single-engine."""
+    rng = np.random.default_rng(seed)
+    trace = random_trace(seed, max_layers=int(rng.choice([3, 7, 12])))
+    prof = random_profile(rng)
+    lo = max(trace.persistent_bytes, int(trace.minimum_memory * 0.9))
+    limit = int(rng.integers(lo, max(int(trace.peak_bytes * 1.1) + 1, lo + 1)))
+    sim = Simulator(trace, limit, prof, engine="compiled")
+    actions = random_plan(sim, rng, float(rng.choice([0.2, 0.5, 0.9])))
+    mode = int(rng.integers(3))
+    if mode < 2:  # swaps only, removals only
+        actions = [a for a in actions if a.kind == mode]
+    if rng.random() < 0.4:
+        limit = max(int(sim.memory_need(actions).max(initial=0)), trace.initial_bytes) + int(rng.integers(0, 4))
+        sim = Simulator(trace, limit, prof, engine="compiled", index=sim.index)
+    ref = Simulator(trace, limit, prof, engine="python", index=sim.index)
+    return sim, ref, actions, bool(rng.random() < 0.5)
+
+
+def check_pair(seed: int) -> list[str]:
+    """Differences between the engines on pair ``seed`` (empty: they agree)."""
+    sim, ref, actions, overcommit = random_pair(seed)
+    a = ref.run(actions, overcommit=overcommit)
+    b = sim.run(actions, overcommit=overcommit)
+    diff = differences(a, b)
+    if not np.array_equal(sim.memory_need(actions), ref.memory_need(actions)):
+        diff.append("Simulator.memory_need")
+    return diff
+
+
+def test_engines_agree_on_random_pairs() -> None:
+    bad = {seed: d for seed in range(300) if (d := check_pair(seed))}
+    assert not bad, f"engines disagree: {dict(list(bad.items())[:5])}"
+
+
+@pytest.mark.slow
+def test_engines_agree_on_ten_thousand_pairs() -> None:
+    bad = {seed: d for seed in range(10_000) if (d := check_pair(seed))}
+    assert not bad, f"{len(bad)} disagreements: {dict(list(bad.items())[:5])}"
+
+
+def test_the_pairs_cover_every_kind_of_run() -> None:
+    """The generator makes feasible and infeasible runs, swaps and re-runs, stuck and overcommitted."""
+    seen = set()
+    for seed in range(300):
+        sim, _, actions, overcommit = random_pair(seed)
+        r = sim.run(actions, overcommit=overcommit)
+        seen.add(("feasible" if r.feasible else "whole" if overcommit else "stuck",
+                  bool(r.bytes_h2d), bool(r.recompute_ops), bool(sim.profile.duplex), bool(r.ignored_actions)))
+    for i, what in enumerate(("feasible", "prefetch", "recompute", "duplex", "ignored")):
+        assert {s[i] for s in seen} >= ({"feasible", "whole", "stuck"} if i == 0 else {True, False}), what
+
+
+def test_run_arrays_and_timeline_runs_agree() -> None:
+    for seed in range(40):
+        sim, ref, actions, overcommit = random_pair(seed)
+        a = sim.run(actions, overcommit=overcommit)
+        ev, te, kd = (np.array([getattr(x, f) for x in actions], dtype=np.int64) for f in ("event", "tensor", "kind"))
+        assert differences(a, sim.run_arrays(ev, te, kd, overcommit=overcommit)) == []
+        assert differences(a, ref.run_arrays(ev, te, kd, overcommit=overcommit)) == []
+        t = sim.run(actions, overcommit=overcommit, timeline=True)  # the reference, with its timeline
+        assert differences(a, t) == [] and t.timeline is not None and a.timeline is None
+
+
+def test_invalid_actions_raise_the_same_message() -> None:
+    trace, ids = figure4_trace()
+    prof = profile(bw=2.0)
+    sims = [Simulator(trace, 4, prof, engine=e) for e in ("compiled", "python")]
+    e = event_of(trace, 1, ids["x0"])
+    good = Action(e, ids["x0"], ActionKind.SWAP)
+    for bad in (Action(10**6, 0, ActionKind.SWAP), Action(e, ids["x1"], ActionKind.SWAP),
+                Action(event_of(trace, 0, ids["x0"], EventKind.MALLOC), ids["x0"], ActionKind.SWAP),
+                Action(e, ids["x0"], 7), Action(float(e), ids["x0"], ActionKind.SWAP)):
+        messages = []
+        for sim in sims:
+            with pytest.raises(ValueError) as err:
+                sim.run([good, bad])
+            messages.append(str(err.value))
+        assert messages[0] == messages[1] and messages[0].startswith("invalid action: ")
+    with pytest.raises(ValueError, match="invalid action"):
+        sims[0].run_arrays(np.array([10**6]), np.array([0]), np.array([0]))
+
+
+def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = figure4_trace()
+    assert Simulator(trace, 4, profile()).engine == "compiled"
+    monkeypatch.setenv("DQN_SWAP_ENGINE", "python")
+    assert Simulator(trace, 4, profile()).engine == "python"
+    assert simulate(trace, [], 7, profile()).feasible
+    monkeypatch.setenv("DQN_SWAP_ENGINE", "fortran")
+    with pytest.raises(ValueError, match="DQN_SWAP_ENGINE must be one of compiled, python"):
+        Simulator(trace, 4, profile())
+    with pytest.raises(ValueError, match="engine must be one of compiled, python, not 'c'"):
+        Simulator(trace, 4, profile(), engine="c")
