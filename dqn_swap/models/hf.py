@@ -24,6 +24,8 @@ Needs ``transformers`` (``pip install dqn-swap[hf]``).
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +114,13 @@ def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: 
     def data(make: Any) -> torch.Tensor:
         return make().to(device) if device.type != "meta" else make().to("meta")
 
+    # On meta the model is built there directly: a large configuration (a 7B Llama) never
+    # materialises its weights in host memory.
+    place = torch.device("meta") if device.type == "meta" else contextlib.nullcontext()
     kind = config.model_type
     if kind in ("vit", "deit", "beit", "swin", "convnext", "resnet", "dinov2"):
-        model = tf.AutoModelForImageClassification.from_config(config)
+        with place:
+            model = tf.AutoModelForImageClassification.from_config(config)
         size, classes = int(getattr(config, "image_size", 224)), int(getattr(config, "num_labels", 2))
         channels = int(getattr(config, "num_channels", 3))
         inputs = data(lambda: torch.randn(batch_size, channels, size, size, generator=gen))
@@ -124,7 +130,8 @@ def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: 
         masked = kind in ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2")
         auto = tf.AutoModelForMaskedLM if masked else tf.AutoModelForCausalLM
         try:
-            model = auto.from_config(config)
+            with place:
+                model = auto.from_config(config)
         except ValueError as e:
             raise ValueError(f"Hugging Face model {spec!r} ({kind}) is neither a causal nor a masked language "
                              f"model nor an image classifier dqn-swap knows how to train ({str(e).splitlines()[0]})"
