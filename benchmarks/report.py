@@ -87,7 +87,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry("dqn_transfer_finetune20_search", "The shipped, scratch and fine-tuned agents planning through "
           "dqn-search (needs the seed-0 transfer run's agents in runs/transfer/)", "transfer-search"),
     Entry("planners_*", "Planning time (CPU seconds of one thread, simulations) and overhead of dqn and "
-          "dqn-search on a large graph: ResNet-1001 b64, a 32-layer Llama at sequence length 4,096"),
+          "dqn-search: ResNet-50 b64, ResNet-1001 b64, a 32-layer Llama at sequence length 4,096"),
     Entry("search_grid*", "dqn-search on the grid with no time cap: overhead, CPU seconds and simulations "
           "per cell (search_grid_before: the search before moves were screened by their memory need)"),
     Entry("dqn_env_steps", "Environment steps per second on ResNet-50 b64"),
