@@ -78,7 +78,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, op_name
-from .support import local_tensor, unsharded_storages, unsupported_reason
+from .support import (local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients, unsharded_storages,
+                      unsupported_reason)
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -801,17 +802,20 @@ def _make_optimizer(optimizer: OptimizerArg, model: torch.nn.Module) -> torch.op
 
 
 def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
-               opt: torch.optim.Optimizer | None, recorder: _Recorder | None) -> None:
-    """One training iteration; with a recorder, phases are marked as they begin."""
-    if opt is not None:
-        opt.zero_grad(set_to_none=True)
-    else:
-        model.zero_grad(set_to_none=True)
+               opt: torch.optim.Optimizer | None, recorder: _Recorder | None, *, zero_grad: bool = True,
+               step: bool = True) -> None:
+    """One training iteration (or one micro-batch of gradient accumulation: the first resets the
+    gradients, the last steps); with a recorder, phases are marked as they begin."""
+    if zero_grad:
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
     if recorder is None:
         out = model(*inputs)
         if loss_fn is not None:
             loss_fn(out).backward()
-        if opt is not None:
+        if opt is not None and step:
             opt.step()
         return
     def module_call(module: torch.nn.Module, args: Any) -> None:
@@ -831,15 +835,38 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
             loss.backward()
             del loss
         recorder.phase = Phase.OPTIMIZER
-        if opt is not None:
+        if opt is not None and step:
             opt.step()
         del out  # the output dies at the end of the iteration, as in a training loop
+
+
+def _micro_batch(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None, opt: torch.optim.Optimizer | None,
+                 recorder: _Recorder | None, k: int, accumulation: int) -> None:
+    """Micro-batch ``k`` of an optimizer step accumulating gradients over ``accumulation`` of them
+    (one is plain training): FSDP2's switches set for it (:func:`dqn_swap.support.set_micro_batch`),
+    the gradients reset before the first, the optimizer's step after the last."""
+    last = k == accumulation - 1
+    if accumulation > 1:
+        set_micro_batch(model, last)
+    _iteration(model, inputs, loss_fn, opt, recorder, zero_grad=k == 0, step=last)
+
+
+@contextlib.contextmanager
+def _recording_failure() -> Any:
+    """The model's own exception while recording, as one :class:`RecordingError`."""
+    try:
+        yield
+    except RecordingError:
+        raise
+    except Exception as e:
+        raise RecordingError(f"the model failed while recording: {type(e).__name__}: {e}") from e
 
 
 def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | None = None,
                  optimizer: OptimizerArg = None, *, device: str | torch.device | None = None,
                  profile: str | DeviceProfile | None = None, iterations: int = 5,
-                 meta: dict[str, Any] | None = None, kernels: str = "cuda", inputs: str = "held") -> Trace:
+                 meta: dict[str, Any] | None = None, kernels: str = "cuda", inputs: str = "held",
+                 accumulation: int = 1, micro_batch: int | None = None) -> Trace:
     """Record one training iteration of ``model`` as a :class:`~dqn_swap.trace.Trace`.
 
     Args:
@@ -865,6 +892,20 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             ``"released"`` (the loop hands the batch to the model and keeps no reference until
             backward is over, as in the papers, where the runtime owns the batch: a plan may then
             swap an input autograd saves, :attr:`Trace.movable`).
+        accumulation: micro-batches per optimizer step (gradient accumulation; 1: plain
+            training).  The loop is ``zero_grad``, ``accumulation`` times forward and
+            backward (``loss_fn`` as the loop computes it, scaled or not), the optimizer's
+            step; under FSDP2 every micro-batch but the last runs without reduce-scatter and
+            keeps its gathered parameters after backward, as FSDP2's documentation recommends
+            (:func:`dqn_swap.support.set_micro_batch`, which the training loop calls too).
+        micro_batch: which micro-batch is the recorded iteration (default: the last, the one
+            with the optimizer's step).  Micro-batches differ in memory (the first starts
+            without gradients, those after it with the accumulated ones; under FSDP2 only the
+            last reduce-scatters and reshards after backward), so each kind has its own trace
+            and plan: for two micro-batches, record ``micro_batch=0`` and ``micro_batch=1``.
+            The warm-up is a whole optimizer step, and the micro-batches around the recorded
+            one run unrecorded, so the recorded one starts from the state it has in training
+            (the gradients and gathered parameters it finds are state alive before it).
 
     Returns:
         The trace of the last recorded iteration.
@@ -886,6 +927,14 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         raise RecordingError(f"unknown inputs {inputs!r}: 'held' or 'released'")
     if kernels not in SCRATCH_MODELS:
         raise RecordingError(f"unknown kernels {kernels!r}: one of {', '.join(SCRATCH_MODELS)}")
+    expect(accumulation, int, "accumulation")
+    expect(micro_batch, int, "micro_batch", none=True)
+    if accumulation < 1:
+        raise ValueError(f"accumulation must be at least 1 (micro-batches per optimizer step), not {accumulation}")
+    recorded = accumulation - 1 if micro_batch is None else micro_batch
+    if not 0 <= recorded < accumulation:
+        raise ValueError(f"micro_batch must be in 0..{accumulation - 1} (accumulation {accumulation}), "
+                         f"not {micro_batch}")
     params = list(model.parameters()) + list(model.buffers())
     model_device = params[0].device if params else torch.device("cpu")
     try:
@@ -911,7 +960,8 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     guard = _DeviceGuard(device.type) if device.type == "meta" else contextlib.nullcontext()
     try:
         with guard:
-            _iteration(model, example_inputs, loss_fn, opt, None)  # warm-up: lazy state appears
+            for k in range(accumulation):  # warm-up, a whole optimizer step: lazy state appears
+                _micro_batch(model, example_inputs, loss_fn, opt, None, k, accumulation)
     except RecordingError:
         raise
     except Exception as e:
@@ -925,24 +975,28 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     for run in range(runs):
         builder = TraceBuilder()
         last = run == runs - 1  # the kept iteration: its scratch is measured
+        with _recording_failure():
+            for k in range(recorded):  # the micro-batches before the recorded one
+                _micro_batch(model, example_inputs, loss_fn, opt, None, k, accumulation)
+            if accumulation > 1:
+                set_micro_batch(model, recorded == accumulation - 1)
         recorder = _Recorder(builder, device, time_ops, measure_scratch=last, kernels=kernels)
-        _register_state(recorder, model, opt, example_inputs)
+        _register_state(recorder, model, opt, example_inputs, gradients=recorded > 0)
         if time_ops:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
         timeline = AllocatorTimeline() if last and device.type == "cpu" else contextlib.nullcontext()
-        try:
-            with timeline:
-                _iteration(model, example_inputs, loss_fn, opt, recorder)
-        except RecordingError:
-            raise
-        except Exception as e:
-            raise RecordingError(f"the model failed while recording: {type(e).__name__}: {e}") from e
+        with _recording_failure(), timeline:
+            _iteration(model, example_inputs, loss_fn, opt, recorder, zero_grad=recorded == 0,
+                       step=recorded == accumulation - 1)
         _end_iteration(recorder, model, opt)
+        recorder.active = False  # tensors dying after the iteration are not part of it
         if time_ops:
             torch.cuda.synchronize()  # events must have completed before reading them
             durations.append(np.array([s.elapsed_time(e) * 1e-3 for s, e in recorder.events]))
-    recorder.active = False  # tensors dying after the iteration are not part of it
+        with _recording_failure():
+            for k in range(recorded + 1, accumulation):  # the rest of the optimizer step
+                _micro_batch(model, example_inputs, loss_fn, opt, None, k, accumulation)
     assert recorder is not None
     _end_scratch(recorder, timeline if isinstance(timeline, AllocatorTimeline) else None)
     b = recorder.b
@@ -951,7 +1005,9 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
                   "recorded_iterations": runs, "scratch": "estimated" if device.type == "meta" else "measured",
                   **({"scratch_kernels": kernels} if device.type == "meta" else {}),
                   "record_seconds": record_seconds, "torch": torch.__version__,
-                  **({"inputs_released": True} if inputs == "released" else {}), **(meta or {})}
+                  **({"inputs_released": True} if inputs == "released" else {}),
+                  **({"accumulation": {"micro_batches": accumulation, "micro_batch": recorded}}
+                     if accumulation > 1 else {}), **(meta or {})}
     if recorder.collectives:
         trace_meta["collectives"] = {"ops": len(recorder.collectives), "bytes_sent": sum(recorder.collectives.values()),
                                      "interconnect_bandwidth": profile.interconnect_bandwidth}
@@ -1004,10 +1060,12 @@ def _collective_times(durations: np.ndarray, recorder: _Recorder, profile: Devic
 
 
 def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None,
-                    inputs: tuple) -> None:
-    """Declare the storages alive before the iteration, with their roles."""
+                    inputs: tuple, gradients: bool = False) -> None:
+    """Declare the storages alive before the iteration, with their roles; with ``gradients`` (a
+    micro-batch of gradient accumulation after the first) the gradients accumulated so far too,
+    FSDP2's unsharded ones included."""
     recorder.watch_unsharded(unsharded_storages(model))
-    for p in recorder.on_device([*model.parameters(), *model.buffers()]):
+    for p in recorder.on_device([*model.parameters(), *sharded_parameters(model), *model.buffers()]):
         recorder.tid_of(p, Role.PARAMETER)
     recorder.buffers = {b.untyped_storage()._cdata for b in recorder.on_device(list(model.buffers()))}
     if opt is not None:
@@ -1016,6 +1074,10 @@ def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.opti
                 recorder.tid_of(t, Role.OPTIMIZER_STATE)
     for t in recorder.on_device(inputs):
         recorder.tid_of(t, Role.INPUT)
+    if gradients:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        for t in recorder.on_device([*grads, *unsharded_gradients(model)]):
+            recorder.tid_of(t, Role.GRADIENT)
 
 
 def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
@@ -1041,9 +1103,10 @@ def _end_scratch(recorder: _Recorder, timeline: AllocatorTimeline | None) -> Non
 def _assign_roles(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
     """Gradients are known once backward ran; packed temporaries are saved activations."""
     b = recorder.b
-    for p in model.parameters():
-        if p.grad is not None:
-            tid = recorder.live.get(local_tensor(p.grad).untyped_storage()._cdata)
+    grads = [p.grad for p in model.parameters() if p.grad is not None] + unsharded_gradients(model)
+    for g in grads:
+        if g is not None:
+            tid = recorder.live.get(local_tensor(g).untyped_storage()._cdata)
             if tid is not None and b.t_alloc[tid] != -1:
                 b.set_role(tid, Role.GRADIENT)
     for tid in b.saved:

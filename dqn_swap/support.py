@@ -88,6 +88,40 @@ def unsharded_storages(model: torch.nn.Module | None) -> list[torch.UntypedStora
     return list(out.values())
 
 
+def sharded_parameters(model: torch.nn.Module | None) -> list[torch.Tensor]:
+    """The local shards of FSDP2's sharded parameters of ``model``: the memory every rank holds
+    throughout, whether the module's parameters are sharded or gathered at the moment (while
+    gathered, ``model.parameters()`` yields the unsharded ones)."""
+    return [local_tensor(p.sharded_param) for group in fsdp_param_groups(model) for p in group.fsdp_params]
+
+
+def unsharded_gradients(model: torch.nn.Module | None) -> list[torch.Tensor]:
+    """The unsharded gradients FSDP2 keeps between the micro-batches of gradient accumulation
+    without synchronisation (``set_requires_gradient_sync(False)``): the unsharded parameters'
+    ``grad``, or the gradient FSDP upcast to its reduce dtype (``unsharded_accumulated_grad``);
+    reduce-scattered and freed by the backward of the micro-batch that synchronises."""
+    out: list[torch.Tensor] = []
+    for group in fsdp_param_groups(model):
+        for p in group.fsdp_params:
+            unsharded = getattr(p, "_unsharded_param", None)
+            for g in (getattr(unsharded, "grad", None), getattr(p, "unsharded_accumulated_grad", None)):
+                if g is not None:
+                    out.append(local_tensor(g))
+    return out
+
+
+def set_micro_batch(model: torch.nn.Module, last: bool) -> None:
+    """FSDP2's gradient accumulation, as its documentation recommends: on every micro-batch but the
+    last, no reduce-scatter (``set_requires_gradient_sync(False)``) and the gathered parameters kept
+    after backward (``set_reshard_after_backward(False)``); on the last, both back on.  Every
+    ``fully_shard`` module of ``model`` is switched; a model without FSDP2 is left as it is."""
+    cls = _fsdp2_module_class()
+    for m in model.modules() if cls is not None else ():
+        if isinstance(m, cls):
+            m.set_requires_gradient_sync(last, recurse=False)
+            m.set_reshard_after_backward(last, recurse=False)
+
+
 def _fsdp_reason(where: str, module: torch.nn.Module) -> str | None:
     """Why the FSDP2 setup of ``module`` cannot be followed, or None."""
     state = module._get_fsdp_state()
@@ -161,5 +195,5 @@ COMPILED_STEP = ("a planned iteration cannot run inside a function compiled with
                  "other tensors for backward than the eager model the trace recorded): compile neither the model "
                  "nor the training step that holds the `with` block")
 
-__all__ = ["COMPILED_STEP", "fsdp_param_groups", "local_tensor", "under_torch_compile", "unsharded_storages",
-           "unsupported_reason"]
+__all__ = ["COMPILED_STEP", "fsdp_param_groups", "local_tensor", "set_micro_batch", "sharded_parameters",
+           "under_torch_compile", "unsharded_gradients", "unsharded_storages", "unsupported_reason"]
