@@ -1,5 +1,5 @@
 """Foreign workloads: models and a training loop dqn-swap did not write, built the way their users
-build them, for the memory property of planned training (``tests/test_runtime_memory_user.py``,
+build them, for the memory property of planned training (``tests/runtime/test_runtime_memory_user.py``,
 ``benchmarks/bench_runtime.py memory``).
 
 ========== ==============================================================================================

@@ -80,20 +80,27 @@ class Simulator:
 
     @cached_property
     def _kernel_tables(self) -> tuple:
-        """The compiled engine's static arguments, in the order of :func:`compiled.simulate`."""
+        """The compiled engine's static arguments, in the order of :func:`compiled.simulate`; the
+        first time in a process, the kernels are loaded (:func:`_load_kernels`)."""
         ix = self.index
-        return (ix.event_op, ix.event_return_op, ix.tensor_held_op, ix.tensor_nbytes, ix.tensor_alloc_op,
-                ix.tensor_free_op, ix.op_malloc, ix.op_scratch, ix.op_free, ix.op_duration, ix.op_phase,
-                self.tt_d2h, self.tt_h2d, ix.op_inputs_ptr, ix.op_inputs_idx, ix.op_memory, ix.event_tensor,
-                self._valid.can_swap, self._valid.can_recompute, int(ix.initial_bytes))
+        tables = (ix.event_op, ix.event_return_op, ix.tensor_held_op, ix.tensor_nbytes, ix.tensor_alloc_op,
+                  ix.tensor_free_op, ix.op_malloc, ix.op_scratch, ix.op_free, ix.op_duration, ix.op_phase,
+                  self.tt_d2h, self.tt_h2d, ix.op_inputs_ptr, ix.op_inputs_idx, ix.op_memory, ix.event_tensor,
+                  self._valid.can_swap, self._valid.can_recompute, int(ix.initial_bytes))
+        if not _KERNELS_LOADED:
+            _load_kernels(self, tables)
+        return tables
 
     def _compiled_analysis(self, ev: np.ndarray, kd: np.ndarray, te: np.ndarray) -> tuple:
         """:func:`compiled.analyse` of valid action arrays."""
         from . import compiled
 
         tb = self._kernel_tables
-        return compiled.analyse(tb[0], tb[1], tb[2], tb[3], tb[4], tb[5], tb[6], tb[7], tb[13], tb[14], tb[15],
-                                ev, kd, te)
+        try:
+            return compiled.analyse(tb[0], tb[1], tb[2], tb[3], tb[4], tb[5], tb[6], tb[7], tb[13], tb[14], tb[15],
+                                    ev, kd, te)
+        except SystemError as e:
+            raise _interruption(e) from None
 
     # ------------------------------------------------------------- validity
     def valid_actions(self) -> ValidActions:
@@ -211,7 +218,10 @@ class Simulator:
 
         ev, kd, te = arrays
         tb = self._kernel_tables
-        bad = compiled.first_invalid(tb[16], tb[17], tb[18], ev, kd, te)
+        try:
+            bad = compiled.first_invalid(tb[16], tb[17], tb[18], ev, kd, te)
+        except SystemError as e:
+            raise _interruption(e) from None
         if bad >= 0:
             self._invalid(bad, ev, kd, te, actions)
 
@@ -225,8 +235,11 @@ class Simulator:
         from . import compiled as c
 
         tb = self._kernel_tables
-        bad, S, F, rec_ops, plog_t, plog_k, need, ignored = c.simulate(
-            *tb, self.memory_limit, self._duplex, overcommit, ev, kd, te)
+        try:
+            bad, S, F, rec_ops, plog_t, plog_k, need, ignored = c.simulate(
+                *tb, self.memory_limit, self._duplex, overcommit, ev, kd, te)
+        except SystemError as e:
+            raise _interruption(e) from None
         if bad >= 0:
             self._invalid(bad, ev, kd, te, actions)
         s = S.tolist()
@@ -271,6 +284,46 @@ class _CompiledSchedule:
                          dict(zip(ly[lp[g]:lp[g + 1]], lq[lp[g]:lp[g + 1]])))
                      for g, n in enumerate(grp_n.tolist())}
         return prefetch, sequences, self.inflight, self.sim.lists.alloc
+
+
+_KERNELS_LOADED = False
+
+
+def _load_kernels(sim: Simulator, tables: tuple) -> None:
+    """Load (or compile) the compiled kernels once per process, with SIGINT and SIGTERM held until
+    they are ready, then acted on.
+
+    Numba loads a kernel from its cache, or compiles it, on its first call, and treats an error
+    raised meanwhile as a reason to compile again: a signal's exception arriving then would be
+    lost and the command would go on.  So the first calls run with the signals noted
+    (:func:`dqn_swap.stop.signals_noted`), on this simulator's own tables and an empty plan."""
+    global _KERNELS_LOADED
+    from ..stop import Stopped, signals_noted
+    from . import compiled
+
+    received: list[int] = []
+    none = np.zeros(0, dtype=np.int64)
+    with signals_noted(received):
+        compiled.first_invalid(tables[16], tables[17], tables[18], none, none, none)
+        compiled.analyse(*tables[:8], tables[13], tables[14], tables[15], none, none, none)
+        compiled.simulate(*tables, sim.memory_limit, sim._duplex, False, none, none, none)
+    _KERNELS_LOADED = True
+    if received:
+        raise Stopped(received[0])
+
+
+def _interruption(error: SystemError) -> BaseException:
+    """What a compiled kernel's ``SystemError`` stands for: the ``KeyboardInterrupt`` (or
+    :class:`dqn_swap.stop.Stopped`) a signal handler raised while the kernel ran, else the error.
+
+    Numba runs Python callbacks inside a kernel (it unpickles constants there); a signal that
+    arrives then has its handler's exception raised in that callback, which Numba reports as a
+    ``SystemError`` caused by it.  Ctrl-C and ``kill`` must stop a command the same way whatever
+    it was computing."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, KeyboardInterrupt):
+        cause = cause.__cause__ or cause.__context__
+    return cause if cause is not None else error
 
 
 def _actions_of(ev: np.ndarray, te: np.ndarray, kd: np.ndarray) -> list[Action]:

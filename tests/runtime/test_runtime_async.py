@@ -22,7 +22,7 @@ from dqn_swap.runtime import PlannedExecution
 from dqn_swap.runtime.standin import StandInBackend
 from dqn_swap.runtime.swap import SwapGroup, Swapper
 
-from .runtime_support import MODELS, assert_same_training, hand_plan, trace_of, train
+from ..runtime_support import MODELS, assert_same_training, hand_plan, trace_of, train
 
 
 def train_on(backend: StandInBackend, name: str, plan, **kwargs):  # noqa: ANN001, ANN201

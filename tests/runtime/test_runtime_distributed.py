@@ -5,7 +5,7 @@
   for bit.  The trace is recorded on the unwrapped module; DDP's own work before the
   module's forward (buffer broadcasts) does not shift the runtime's op numbering, which
   starts at the module calls the trace records.
-* FSDP2 (``fully_shard``): ``tests/test_runtime_fsdp.py``.
+* FSDP2 (``fully_shard``): ``tests/runtime/test_runtime_fsdp.py``.
 """
 
 from __future__ import annotations

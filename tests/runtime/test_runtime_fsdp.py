@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("torch.distributed.fsdp")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 STEPS = 6  # the first makes the optimizer's state; the last five are measured (the least of them, module docstring)
 VOCAB, SEQ, BATCH = 64, 32, 4
@@ -388,7 +388,7 @@ def test_unsupported_compositions_are_refused_with_one_line(one_process) -> None
     from dqn_swap.recorder import RecordingError, record_trace
     from dqn_swap.runtime import PlannedExecution, UnsupportedTrainingError
 
-    from .runtime_support import hand_plan, trace_of
+    from ..runtime_support import hand_plan, trace_of
 
     trace = trace_of("mlp_tiny")
     plan = hand_plan("mlp_tiny", "swap")

@@ -29,7 +29,7 @@ from dqn_swap.runtime import PlannedExecution, TraceMismatchError
 from dqn_swap.runtime.execution import HeldInputWarning, InfeasiblePlanError
 from dqn_swap.trace import Trace, TraceError
 
-from .runtime_support import RELEASED
+from ..runtime_support import RELEASED
 
 CLASSES, WIDTH, FEATURES = 4, 16, 8
 

@@ -38,8 +38,8 @@ def test_record_then_inspect(tmp_path, capsys):
     (["record", "--model", "mlp_tiny", "--batch-size", "0"], "batch size must be a whole number"),
     (["record", "--model", "mlp_tiny", "--profile", "tpu"], "unknown device profile 'tpu'"),
     (["record", "--model", "mlp_tiny", "-o", "/nonexistent-dir/x.trace"], "does not exist"),
-    (["record", "--model", "tests.test_cli:broken_workload"], "failed"),
-    (["record", "--model", "tests.test_cli:nothing_here"], "cannot load model"),
+    (["record", "--model", "tests.cli.test_cli:broken_workload"], "failed"),
+    (["record", "--model", "tests.cli.test_cli:nothing_here"], "cannot load model"),
     (["inspect", "/nonexistent.trace"], "no such file"),
 ])
 def test_bad_input_one_line_nonzero(args, message, capsys):

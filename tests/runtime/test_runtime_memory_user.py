@@ -31,7 +31,7 @@ from dqn_swap.runtime import PlannedExecution
 from dqn_swap.simulator import instant_copy_peak, simulate
 from dqn_swap.trace import Trace, resolve_memory_limit
 
-from . import user_models as um
+from .. import user_models as um
 
 PRECISIONS = ("fp32", "bf16")
 PLANNERS = ("greedy", "lru", "sqrt-n", "dqn")

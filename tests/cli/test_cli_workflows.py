@@ -17,7 +17,7 @@ from dqn_swap.cli import main
 from dqn_swap.trace import Trace
 from dqn_swap.units import format_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A few hundred steps of a small network; one thread (two cores, often shared, make torch's
 # thread pool slower than one thread on graphs this small).
 FAST = ["--steps", "300", "--set", "eval_every=150", "--set", "learning_starts=50", "--set", "p=8",

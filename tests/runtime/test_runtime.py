@@ -5,7 +5,7 @@ Exactness: after 3 optimizer steps planned training leaves the whole model state
 optimizer's state, the losses and the eval-mode outputs bit-identical to unplanned
 training.  No tolerance is needed on the CPU: a swap round trip copies bytes, and a
 re-run calls the same kernel on the same inputs with the same random state.  (On CUDA,
-``tests/test_runtime_cuda.py`` allows floating-point reassociation for recomputation:
+``tests/runtime/test_runtime_cuda.py`` allows floating-point reassociation for recomputation:
 cuDNN may choose another algorithm for a re-run.)
 """
 
@@ -24,7 +24,7 @@ from dqn_swap.runtime.execution import HeldInputWarning
 from dqn_swap.simulator import simulate
 from dqn_swap.trace import resolve_memory_limit
 
-from .runtime_support import (MODELS, STEPS, assert_same_training, hand_plan, released_trace_of, trace_of,
+from ..runtime_support import (MODELS, STEPS, assert_same_training, hand_plan, released_trace_of, trace_of,
                               train)
 
 # Plans of the papers' planners at 30 % (swap-only, recompute-only, mixed), beside hand-made ones.

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from dqn_swap.recorder import RecordingError, record_trace
 from dqn_swap.runtime import PlannedExecution, UnsupportedTrainingError
 
-from .runtime_support import MODELS, Workload, _custom, assert_same_training, hand_plan, train, trace_of
+from ..runtime_support import MODELS, Workload, _custom, assert_same_training, hand_plan, train, trace_of
 
 
 class CheckpointedNet(nn.Module):

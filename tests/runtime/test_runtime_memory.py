@@ -32,7 +32,7 @@ from dqn_swap.runtime.execution import HeldInputWarning
 from dqn_swap.simulator import instant_copy_peak, simulate
 from dqn_swap.trace import resolve_memory_limit
 
-from .runtime_support import MODELS, trace_of
+from ..runtime_support import MODELS, trace_of
 
 CASE_MODELS = ("resnet_tiny", "gpt_tiny", "bn_inplace", "views_residual", "dropout", "scaled_buffer")
 CASE_PLANNERS = ("greedy", "vdnn", "lru", "sqrt-n", "window", "dqn")
