@@ -84,4 +84,18 @@ def outputs_together(what: str) -> Iterator[None]:
         raise Stopped(received[0], f"{what} were written whole before stopping")
 
 
-__all__ = ["Stopped", "as_stopped", "install", "outputs_together", "signals_noted"]
+def kernel_interruption(error: SystemError) -> BaseException:
+    """What a compiled (Numba) kernel's ``SystemError`` stands for: the ``KeyboardInterrupt`` (or
+    :class:`Stopped`) a signal handler raised while the kernel ran, else the error itself.
+
+    Numba runs Python callbacks inside a kernel (it unpickles constants there); a signal that
+    arrives then has its handler's exception raised in that callback, which Numba reports as a
+    ``SystemError`` caused by it.  Ctrl-C and ``kill`` must stop a command the same way whatever
+    it was computing: ``except SystemError as e: raise kernel_interruption(e) from None``."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, KeyboardInterrupt):
+        cause = cause.__cause__ or cause.__context__
+    return cause if cause is not None else error
+
+
+__all__ = ["Stopped", "as_stopped", "install", "kernel_interruption", "outputs_together", "signals_noted"]

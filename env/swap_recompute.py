@@ -13,6 +13,7 @@ from gymnasium import spaces
 from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.limits import LimitSpec, resolve_limit
 from dqn_swap.plan import Action, Plan
+from dqn_swap.stop import kernel_interruption
 from dqn_swap.trace import Trace
 
 from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, FEATURES, N_FEATURES, RECOMPUTE,
@@ -240,72 +241,111 @@ class SwapRecomputeEnv(gym.Env):
         self.reward_mode = reward
         self.recompute_chains = bool(recompute_chains)
         self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
-        # per node, the action as the simulator's arrays (Simulator.run_arrays: no Action objects per step)
+        # per node, the action as the simulator's arrays (Simulator.run_summary: no Action objects per step)
         self._node_event = g.event.astype(np.int64)
         self._node_tensor = g.tensor.astype(np.int64)
         self._node_kind = np.maximum(g.kind.astype(np.int64) - 1, 0)
-        self._node_tensor0 = np.maximum(self._node_tensor, 0)
         self._node_acts = g.event_op >= 0  # nodes that stand for an action
+        acts = np.flatnonzero(self._node_acts)
+        by_tensor = acts[np.argsort(self._node_tensor[acts], kind="stable")]
+        cut = np.flatnonzero(np.diff(self._node_tensor[by_tensor])) + 1
+        #: per acted-on tensor, its action nodes (taking one makes them all invalid)
+        self._tensor_nodes = {int(self._node_tensor[grp[0]]): grp for grp in np.split(by_tensor, cut) if len(grp)}
+        self._node_action: dict[int, Action] = {}  # made when first taken
+        self._event_op = np.ascontiguousarray(g.event_op, dtype=np.int64)
+        self._reuse_op = np.ascontiguousarray(g.reuse_op, dtype=np.int64)
+        self._event_time = np.ascontiguousarray(g.event_time, dtype=np.float64)
+        self._x0 = g.x_static.copy()  # the observation's nodes before any step: static columns and the limit
+        self._x0[:, F_LIMIT] = self._limit_feature
+        self._node_op = np.ascontiguousarray(g.node_op, dtype=np.int64)
+        self._time_scale = float(g.time_scale)
+        self._tv_arg = np.empty(g.n_nodes, dtype=np.float64)  # work array of _update_features
+        from .kernels import refresh
+
+        self._refresh = refresh
         self._reset_state()
 
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
         self.actions: list[Action] = []
         self._nodes: list[int] = []  # the nodes of self.actions, in order
-        self._acted = np.zeros(self.trace.n_tensors, dtype=bool)
+        # the plan as the simulator's arrays (rows: events, tensors, kinds), its first _n columns
+        self._plan_arrays = np.zeros((3, self.graph.n_action_tensors + 1), dtype=np.int64)
+        self._n = 0
+        # action nodes whose tensor has no action yet and that no removal blocks (chains off)
+        self._avail = self._node_acts.copy()
         self._chosen = np.zeros(self.graph.n_nodes, dtype=bool)
         self._chain_blocked = np.zeros(self.graph.n_nodes, dtype=bool)
         self._overhead = 0.0
         self._penalty = 0.0
         self._steps = 0
         self._done = False
-        self.result = None
+        self._summary = None
         self.episode_return = 0.0
+        # the observation's nodes, kept up to date step by step (node_features(state()) from scratch)
+        self._x = self._x0.copy()
+        self._cur = 0
+        self._deficit_feature = 0.0
+        self._valid = np.zeros(self.graph.n_nodes, dtype=bool)
+        self._tv_nodes = np.zeros(self.graph.n_nodes, dtype=np.int64)  # nodes whose time_to_violation ...
+        self._n_tv = 0  # ... is set in _x: the first _n_tv
+
+    @property
+    def result(self) -> Any:
+        """The simulator's :class:`~dqn_swap.simulator.SimResult` of the plan so far (``None``
+        before :meth:`reset`); made from the last step's simulation when first asked for."""
+        return self._summary.result if self._summary is not None else None
 
     def _simulate(self) -> None:
-        if not self._nodes and self._empty is not None:
+        if not self._n and self._empty is not None:
             res = self._empty
         else:
-            nodes = np.array(self._nodes, dtype=np.int64)
-            res = self.sim.run_arrays(self._node_event[nodes], self._node_tensor[nodes], self._node_kind[nodes],
-                                      overcommit=self.reward_mode == "whole")
-            if not self._nodes:
+            plan = self._plan_arrays[:, :self._n]
+            res = self.sim.run_summary(plan[0], plan[1], plan[2], overcommit=self.reward_mode == "whole")
+            if not self._n:
                 self._empty = res
-        self.result = res
-        self._feasible = bool(res.feasible)
-        g = self.graph
-        if self._feasible:
-            self._op = -1
+        self._summary = res
+        self._feasible = feasible = bool(res.feasible)
+        if feasible:
+            op = -1
             self._deficit = 0.0
-            valid = np.zeros(g.n_nodes, dtype=bool)
         else:
-            inf = res.infeasible
-            op = int(inf.op) if inf is not None and inf.op is not None else int(res.peak_op)
-            self._op = op
-            need = float(inf.needed - inf.available) if inf is not None else float(res.peak_bytes - self.memory_limit)
+            stuck = res.stuck_op >= 0
+            op = int(res.stuck_op) if stuck else int(res.peak_op)
+            need = float(res.shortfall) if stuck else float(res.peak_bytes - self.memory_limit)
             self._deficit = max(need, 0.0)
-            valid = self._node_acts & (g.event_op < op) & (g.reuse_op > op)
-            valid &= ~(self._acted[self._node_tensor0] | self._chain_blocked)
-        if not valid.any():
-            valid[0] = True  # nothing to do, or nothing can help: only "do nothing"
-        self._valid = valid
+        self._op = op
+        self._update_features()
+
+    def _update_features(self) -> None:
+        """Bring the valid-action mask and the observation's dynamic columns (all but ``chosen``,
+        set by :meth:`_take`) to the state just simulated, in place: what :meth:`state` and
+        :meth:`node_features` define (:func:`dqn_swap.env.kernels.refresh`)."""
+        g = self.graph
+        x = self._x
+        op = self._op
+        try:
+            cur, k = self._refresh(x, self._valid, self._avail, self._event_op, self._reuse_op, self._event_time,
+                                   self._node_op, self._tv_nodes, self._n_tv, op,
+                                   float(self._op_start[op]) if op >= 0 else 0.0, self._time_scale, self._cur,
+                                   F_VALID, F_EXEC, F_TVIOL, self._tv_arg)
+        except SystemError as e:  # a signal while the kernel ran (dqn_swap.stop.kernel_interruption)
+            raise kernel_interruption(e) from None
+        self._cur, self._n_tv = cur, k
+        if k:
+            x[self._tv_nodes[:k], F_TVIOL] = np.log1p(self._tv_arg[:k])
+        deficit = float(np.log1p(self._deficit / g.size_scale))
+        if deficit != self._deficit_feature:
+            x[:, F_DEFICIT] = deficit
+            self._deficit_feature = deficit
 
     def _stuck(self) -> bool:
         return not self._feasible and bool(self._valid[0])
 
     def state(self) -> DynamicState:
         """The dynamic part of the observation (fast path for learners)."""
-        g = self.graph
-        if self._feasible:
-            cur, tv = 0, np.zeros(g.n_nodes, dtype=np.float32)
-        else:
-            cur = int(np.searchsorted(g.node_op, self._op, side="left")) - 1
-            cur = max(cur, 0)
-            t_viol = self._op_start[self._op]
-            tv = np.where(self._valid, np.log1p(np.maximum(t_viol - g.event_time, 0.0) / g.time_scale), 0.0)
-            tv = tv.astype(np.float32)
-        return DynamicState(valid=self._valid.copy(), current=cur, limit=self._limit_feature,
-                            deficit=float(np.log1p(self._deficit / g.size_scale)), time_to_violation=tv,
+        return DynamicState(valid=self._valid.copy(), current=self._cur, limit=self._limit_feature,
+                            deficit=self._deficit_feature, time_to_violation=self._x[:, F_TVIOL].copy(),
                             chosen=self._chosen.copy())
 
     def node_features(self, st: DynamicState | None = None) -> np.ndarray:
@@ -321,7 +361,7 @@ class SwapRecomputeEnv(gym.Env):
 
     def _obs(self) -> spaces.GraphInstance:
         # fresh arrays every call: users may keep (and modify) what we return
-        return spaces.GraphInstance(nodes=self.node_features(), edges=self.graph.edge_attr.copy(),
+        return spaces.GraphInstance(nodes=self._x.copy(), edges=self.graph.edge_attr.copy(),
                                     edge_links=self._edge_links.copy())
 
     def action_masks(self) -> np.ndarray:
@@ -329,7 +369,7 @@ class SwapRecomputeEnv(gym.Env):
         return self._valid.copy()
 
     def _info(self) -> dict[str, Any]:
-        res = self.result
+        res = self._summary
         return {"action_mask": self._valid.copy(), "overhead": float(self._overhead),
                 "feasible": bool(self._feasible), "penalty": float(self._penalty),
                 "plan_actions": tuple(self.actions), "decision_op": int(self._op),
@@ -344,7 +384,7 @@ class SwapRecomputeEnv(gym.Env):
         return self._obs(), self._info()
 
     def step(self, action):  # noqa: ANN001, ANN201
-        if self.result is None:
+        if self._summary is None:
             raise RuntimeError("call reset() before step()")
         self._steps += 1
         a = int(action)
@@ -371,18 +411,28 @@ class SwapRecomputeEnv(gym.Env):
 
     def _take(self, node: int) -> None:
         """Add the action of ``node`` to the plan (no simulation)."""
-        act = self.graph.action(node)
+        act = self._node_action.get(node)
+        if act is None:
+            act = self._node_action[node] = self.graph.action(node)
         self.actions.append(act)
-        self._nodes.append(int(node))
-        self._acted[act.tensor] = True
+        self._nodes.append(node)
+        n, plan = self._n, self._plan_arrays
+        plan[0, n] = self._node_event[node]
+        plan[1, n] = self._node_tensor[node]
+        plan[2, n] = self._node_kind[node]
+        self._n = n + 1
+        self._avail[self._tensor_nodes[act.tensor]] = False
         self._chosen[node] = True
+        self._x[node, F_CHOSEN] = 1.0
         if self._chain_links is not None and self.graph.kind[node] == RECOMPUTE:
-            self._chain_blocked[self._chain_links[node]] = True
+            links = self._chain_links[node]
+            self._chain_blocked[links] = True
+            self._avail[links] = False
 
     def _resimulate(self) -> float:
         """Simulate the plan so far; returns minus the overhead added since the last simulation."""
         self._simulate()
-        overhead = float(self.result.overhead)
+        overhead = float(self._summary.overhead)
         reward = -(overhead - self._overhead)
         self._overhead = overhead
         return reward
@@ -396,14 +446,14 @@ class SwapRecomputeEnv(gym.Env):
         Returns ``(reward, done)``: minus the overhead the batch adds (and the
         infeasibility penalty if the episode ends without a fitting plan).
         """
-        if self.result is None or self._done:
+        if self._summary is None or self._done:
             raise RuntimeError("call reset() before step_many()")
         g = self.graph
         for a in nodes:
             a = int(a)
             if not (0 < a < g.n_nodes) or g.kind[a] == 0 or not self._valid[a]:
                 raise ValueError(f"node {a} is not a valid action now")
-            if not (self._acted[g.tensor[a]] or self._chain_blocked[a]):
+            if self._avail[a]:  # not made invalid by an earlier node of the batch
                 self._take(a)
                 self._steps += 1
         reward = self._resimulate()
@@ -414,8 +464,9 @@ class SwapRecomputeEnv(gym.Env):
         self.episode_return += reward
         return float(reward), self._done
 
-    _EPISODE_FIELDS = ("actions", "_nodes", "_acted", "_chosen", "_chain_blocked", "_overhead", "_penalty",
-                       "_steps", "_done", "result", "_feasible", "_op", "_deficit", "_valid", "episode_return")
+    _EPISODE_FIELDS = ("actions", "_nodes", "_plan_arrays", "_n", "_avail", "_chosen", "_chain_blocked",
+                       "_overhead", "_penalty", "_steps", "_done", "_summary", "_feasible", "_op", "_deficit",
+                       "_valid", "episode_return", "_x", "_cur", "_deficit_feature", "_tv_nodes", "_n_tv")
 
     def snapshot(self) -> tuple:
         """The episode's state, for :meth:`restore` (a planner's lookahead)."""
@@ -447,16 +498,16 @@ class SwapRecomputeEnv(gym.Env):
         simulator's instant-swap memory need (``SimResult.memory_need``) of the plan so far."""
         if self._feasible or ops <= 0:
             return 0.0
-        need = self.result.memory_need[self._op + 1: self._op + 1 + int(ops)]  # from the last simulation
+        need = self._summary.memory_need[self._op + 1: self._op + 1 + int(ops)]  # from the last simulation
         return float(max(int(need.max()) - self.memory_limit, 0)) if len(need) else 0.0
 
     def plan(self, planner: str = "dqn", settings: dict[str, Any] | None = None) -> Plan:
         """The plan of the actions taken so far, with the simulator's figures."""
-        result = self.result
-        if result is not None and not result.feasible and self.reward_mode == "whole":
+        summary = self._summary
+        if summary is None or (not summary.feasible and self.reward_mode == "whole"):
             result = self.sim.run(list(self.actions))  # the plan file carries the standard figures
-        if result is None:
-            result = self.sim.run(list(self.actions))
+        else:
+            result = summary.result
         return Plan(actions=Plan.sorted_actions(self.actions), memory_limit=int(self.memory_limit),
                     trace_fingerprint=self.trace.fingerprint, profile=self.profile.name, planner=planner,
                     settings=dict(settings or {}), figures=result.figures(), schedule=result.schedule)

@@ -102,6 +102,38 @@ def test_run_arrays_and_timeline_runs_agree() -> None:
         assert differences(a, t) == [] and t.timeline is not None and a.timeline is None
 
 
+def test_run_summary_is_the_run_arrays_result() -> None:
+    """Both engines: the summary's figures are its result's, and its result is run_arrays' (made
+    later from the same run: the arrays given may change meanwhile)."""
+    for seed in range(60):
+        sim, ref, actions, overcommit = random_pair(seed)
+        ev, te, kd = (np.array([getattr(x, f) for x in actions], dtype=np.int64) for f in ("event", "tensor", "kind"))
+        for s in (sim, ref):
+            expected = s.run_arrays(ev, te, kd, overcommit=overcommit)
+            summary = s.run_summary(ev, te, kd, overcommit=overcommit)
+            inf = expected.infeasible
+            assert (summary.feasible, summary.peak_bytes, summary.peak_op) == \
+                (expected.feasible, expected.peak_bytes, expected.peak_op)
+            assert math.copysign(1.0, summary.overhead) == math.copysign(1.0, expected.overhead)
+            assert summary.overhead == expected.overhead
+            assert summary.stuck_op == (-1 if inf is None else inf.op)
+            assert summary.shortfall == (0 if inf is None else inf.needed - inf.available)
+            assert np.array_equal(summary.memory_need, expected.memory_need)
+            ev[:], te[:] = 0, 0  # the summary keeps copies
+            assert differences(summary.result, expected) == [] and summary.result is summary.result
+            ev, te, kd = (np.array([getattr(x, f) for x in actions], dtype=np.int64)
+                          for f in ("event", "tensor", "kind"))
+
+
+def test_run_summary_refuses_bad_arrays() -> None:
+    trace, ids = figure4_trace()
+    sim = Simulator(trace, 4, profile(bw=2.0))
+    with pytest.raises(ValueError, match="invalid action: "):
+        sim.run_summary(np.array([10**6]), np.array([0]), np.array([0]))
+    with pytest.raises(ValueError, match="1-d arrays of one length"):
+        sim.run_summary(np.array([1, 2]), np.array([0]), np.array([0]))
+
+
 def test_invalid_actions_raise_the_same_message() -> None:
     trace, ids = figure4_trace()
     prof = profile(bw=2.0)

@@ -146,7 +146,8 @@ next uses, op memory, op inputs, recompute limits), :mod:`~dqn_swap.simulator.va
 (:meth:`Simulator.valid_actions`, :meth:`Simulator.why_invalid`),
 :mod:`~dqn_swap.simulator.analysis` (per plan, what needs no time: deduplication,
 recompute closures, ``need``), :mod:`~dqn_swap.simulator.engine` (the time loop),
-:mod:`~dqn_swap.simulator.result` (:class:`SimResult`, :class:`Infeasibility`).
+:mod:`~dqn_swap.simulator.result` (:class:`SimResult`, :class:`Infeasibility`, and
+:class:`RunSummary`, what :meth:`Simulator.run_summary` gives a step-by-step environment).
 
 Two engines give the same results bit for bit: the reference
 (:mod:`~dqn_swap.simulator.engine`, a loop on Python numbers that only does work
@@ -159,9 +160,9 @@ from __future__ import annotations
 
 from .analysis import Analysis
 from .index import TraceIndex
-from .result import PHASES, STALL_CAUSES, Infeasibility, SimResult
+from .result import PHASES, STALL_CAUSES, Infeasibility, RunSummary, SimResult
 from .simulator import ENGINES, Simulator, default_engine, instant_copy_peak, schedule_plan, simulate
 from .validity import ValidActions
 
-__all__ = ["ENGINES", "PHASES", "STALL_CAUSES", "Analysis", "Infeasibility", "SimResult", "Simulator",
+__all__ = ["ENGINES", "PHASES", "STALL_CAUSES", "Analysis", "Infeasibility", "RunSummary", "SimResult", "Simulator",
            "TraceIndex", "ValidActions", "default_engine", "instant_copy_peak", "schedule_plan", "simulate"]

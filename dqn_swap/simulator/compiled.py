@@ -31,7 +31,7 @@ INF = np.inf
 # Int state S
 MEM, PEAK, PEAK_OP, PENDING, PF_GATE, RUNNING, VERSION, SM_T, SM_V, SM_LEN, LIMIT, BYTES_D2H, BYTES_H2D, \
     MAX_PENDING, HEAP_N, QH, QT, PLOG_N, STUCK, ST_OP, ST_NEEDED, ST_AVAIL, ST_CODE, ST_ARG, HALT, REC_N, \
-    N_S = range(27)
+    IGN_N, N_S = range(28)
 # Float state F (the clock and the stalls too: what the engine returns); PH_STALL: 3 slots, by phase
 PF_TIME, NXT, D2H_FREE, H2D_FREE, ST_TIME, CLOCK, ST_SWAP, ST_PF, ST_REC, PH_STALL = range(10)
 N_F = PH_STALL + 3
@@ -509,21 +509,41 @@ def first_invalid(ev_tensor, can_swap, can_rec, a_event, a_kind, a_tensor):
     return -1
 
 
+def pack_tables(ev_op, ev_next, ev_tensor, held, nbytes, alloc, free, mal, scr, fre, phase, op_memory,
+                tt_d2h, tt_h2d, can_swap, can_rec) -> tuple:  # noqa: ANN001
+    """The static tables as :func:`simulate` takes them, a few 2-d arrays whose rows are the
+    tables (one argument per table costs its unboxing on every call): ``(ev_tab, t_tab, op_tab,
+    tt, ok)``, rows ``(ev_op, ev_next, ev_tensor)``, ``(held, nbytes, alloc, free)``, ``(mal,
+    scr, fre, phase, op_memory)`` (int64), ``(tt_d2h, tt_h2d)`` (float64), ``(can_swap,
+    can_rec)`` (bool)."""
+    return (np.ascontiguousarray(np.stack([ev_op, ev_next, ev_tensor]), dtype=np.int64),
+            np.ascontiguousarray(np.stack([held, nbytes, alloc, free]), dtype=np.int64),
+            np.ascontiguousarray(np.stack([mal, scr, fre, phase, op_memory]), dtype=np.int64),
+            np.ascontiguousarray(np.stack([tt_d2h, tt_h2d]), dtype=np.float64),
+            np.ascontiguousarray(np.stack([can_swap, can_rec]), dtype=np.bool_))
+
+
 @_jit
-def simulate(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, fre, dur, phase, tt_d2h, tt_h2d,
-             in_ptr, in_idx, op_memory, ev_tensor, can_swap, can_rec, initial, limit, duplex, overcommit,
+def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit, duplex, overcommit,
              a_event, a_kind, a_tensor):
     """Check and analyse int64 action arrays and run the time loop of
-    :func:`dqn_swap.simulator.engine.run_reference`.
+    :func:`dqn_swap.simulator.engine.run_reference`; the static tables as :func:`pack_tables`
+    makes them.
 
-    Returns ``(bad, S, F, recompute_ops, prefetch log tensors, prefetch log ops, need, ignored)``:
-    ``bad`` the first invalid action (-1: none; nothing else is then meaningful), the final
-    state vectors (``F`` holds the clock and the stalls), the re-run ops in order, the prefetch
-    starts (tensor, op), the plan's need and the ignored actions' positions."""
+    Returns ``(bad, S, F, need, log)``: ``bad`` the first invalid action (-1: none; nothing
+    else is then meaningful), the final state vectors (``F`` holds the clock and the stalls),
+    the plan's need, and in ``log`` one after the other the re-run ops in order
+    (``S[REC_N]``), the prefetch starts' tensors and ops (``S[PLOG_N]`` each) and the ignored
+    actions' positions (``S[IGN_N]``): one array to return instead of four."""
+    ev_op, ev_next, ev_tensor = ev_tab[0], ev_tab[1], ev_tab[2]
+    held, nbytes, alloc, free = t_tab[0], t_tab[1], t_tab[2], t_tab[3]
+    mal, scr, fre, phase, op_memory = op_tab[0], op_tab[1], op_tab[2], op_tab[3], op_tab[4]
+    tt_d2h, tt_h2d = tt[0], tt[1]
+    can_swap, can_rec = ok[0], ok[1]
     bad = first_invalid(ev_tensor, can_swap, can_rec, a_event, a_kind, a_tensor)
     if bad >= 0:
         e0 = np.zeros(0, dtype=np.int64)
-        return bad, np.zeros(N_S, dtype=np.int64), np.zeros(N_F, dtype=np.float64), e0, e0, e0, e0, e0
+        return bad, np.zeros(N_S, dtype=np.int64), np.zeros(N_F, dtype=np.float64), e0, e0
     an = analyse(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, in_ptr, in_idx, op_memory,
                  a_event, a_kind, a_tensor)
     (iss_ptr, iss_t, iss_swap, wait_ptr, wait_t, grp_n, grp_of_op, grp_step_ptr, step_p, step_release,
@@ -684,7 +704,14 @@ def simulate(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, fre, dur, phas
     F[ST_SWAP] = st_swap
     F[ST_PF] = st_pf
     F[ST_REC] = st_rec
-    return -1, S, F, rec_ops[:S[REC_N]], plog_t[:S[PLOG_N]], plog_k[:S[PLOG_N]], need, ignored
+    n_rec, n_pf, n_ign = S[REC_N], S[PLOG_N], len(ignored)
+    S[IGN_N] = n_ign
+    log = np.empty(n_rec + 2 * n_pf + n_ign, dtype=np.int64)
+    log[:n_rec] = rec_ops[:n_rec]
+    log[n_rec:n_rec + n_pf] = plog_t[:n_pf]
+    log[n_rec + n_pf:n_rec + 2 * n_pf] = plog_k[:n_pf]
+    log[n_rec + 2 * n_pf:] = ignored
+    return -1, S, F, need, log
 
 
 @_helper

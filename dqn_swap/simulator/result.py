@@ -154,6 +154,59 @@ class SimResult:
 _FIELDS = tuple(SimResult.__dataclass_fields__)
 
 
+def overhead_of(feasible: bool, whole: bool, makespan: float, compute_time: float, st_swap: float,
+                st_pf: float, st_rec: float) -> float:
+    """:attr:`SimResult.overhead` from an engine's counters (section 4.7 of the DQN paper: the
+    reward is minus it).
+
+    ``(makespan - T) / T`` for a feasible run or a whole overcommitted one (``whole``), the
+    stalls accrued before getting stuck over ``T`` otherwise (finite, ``>= 0``: environments
+    difference it); 0 when ``T`` is 0."""
+    T = compute_time
+    if feasible or whole:
+        return (makespan - T) / T if T > 0 else 0.0
+    return (st_swap + st_pf + st_rec) / T if T > 0 else 0.0
+
+
+class RunSummary:
+    """The figures of one simulation that a step-by-step environment reads at every step, with
+    the full :class:`SimResult` of the same run built only when :attr:`result` is first asked
+    for (:meth:`Simulator.run_summary`).
+
+    ``feasible``, ``overhead``, ``peak_bytes``, ``peak_op`` and ``memory_need`` are those of
+    :attr:`result`; ``stuck_op`` is ``result.infeasible.op`` and ``shortfall`` is
+    ``result.infeasible.needed - result.infeasible.available`` (-1 and 0 when the plan fits).
+    """
+
+    __slots__ = ("feasible", "overhead", "stuck_op", "shortfall", "peak_bytes", "peak_op", "memory_need",
+                 "_result", "_build")
+
+    def __init__(self, feasible: bool, overhead: float, stuck_op: int, shortfall: int, peak_bytes: int,
+                 peak_op: int, memory_need: np.ndarray, build: Any) -> None:
+        self.feasible, self.overhead, self.stuck_op, self.shortfall = feasible, overhead, stuck_op, shortfall
+        self.peak_bytes, self.peak_op, self.memory_need = peak_bytes, peak_op, memory_need
+        self._result: SimResult | None = None
+        self._build = build  # () -> SimResult
+
+    @classmethod
+    def of(cls, result: SimResult) -> RunSummary:
+        """The summary of a result already at hand."""
+        inf = result.infeasible
+        summary = cls(result.feasible, result.overhead, -1 if inf is None else inf.op,
+                      0 if inf is None else inf.needed - inf.available, result.peak_bytes, result.peak_op,
+                      result.memory_need, None)
+        summary._result = result
+        return summary
+
+    @property
+    def result(self) -> SimResult:
+        """The full :class:`SimResult` of this run (made once, when first asked for)."""
+        if self._result is None:
+            self._result = self._build()
+            self._build = None
+        return self._result
+
+
 def make_result(feasible: bool, whole: bool, makespan: float, compute_time: float, st_swap: float,
                 st_pf: float, st_rec: float, ph_stall: Any, bytes_d2h: int, bytes_h2d: int, peak: int,
                 peak_op: int, memory_limit: int, lower_bound: float, infeasible: Infeasibility | None,
@@ -169,14 +222,10 @@ def make_result(feasible: bool, whole: bool, makespan: float, compute_time: floa
     """
     T = compute_time
     lb = lower_bound
+    overhead = overhead_of(feasible, whole, makespan, T, st_swap, st_pf, st_rec)
     if feasible:
-        overhead = (makespan - T) / T if T > 0 else 0.0
         ratio = makespan / lb if lb > 0 else (1.0 if makespan == 0 else math.inf)
-    elif whole:  # overcommitted: the overhead of the whole iteration
-        overhead = (makespan - T) / T if T > 0 else 0.0
-        ratio = math.inf
-    else:  # stuck: the overhead accrued so far (finite, >= 0: environments difference it)
-        overhead = (st_swap + st_pf + st_rec) / T if T > 0 else 0.0
+    else:
         ratio = math.inf
     r = object.__new__(SimResult)
     r.__dict__.update(zip(_FIELDS, (

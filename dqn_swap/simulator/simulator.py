@@ -5,18 +5,19 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from operator import attrgetter, index
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
 from ..cost import DeviceProfile, profile_of
 from ..lower_bound import lower_bound
 from ..plan import Action, ActionKind, Plan, Schedule
+from ..stop import kernel_interruption
 from ..trace import Trace
 from .analysis import Analysis, analyse
 from .engine import run_reference
 from .index import IndexLists, TraceIndex
-from .result import Infeasibility, SimResult, make_result
+from .result import Infeasibility, RunSummary, SimResult, make_result, overhead_of
 from .validity import ValidActions, valid_actions, why_invalid
 
 #: The engines :class:`Simulator` can run: ``"compiled"`` (Numba, the default) and ``"python"``
@@ -79,28 +80,32 @@ class Simulator:
         return self.tt_d2h.tolist(), self.tt_h2d.tolist()
 
     @cached_property
-    def _kernel_tables(self) -> tuple:
-        """The compiled engine's static arguments, in the order of :func:`compiled.simulate`; the
-        first time in a process, the kernels are loaded (:func:`_load_kernels`)."""
+    def _kernel(self) -> tuple:
+        """The compiled engine: ``(module, static arguments)``, the arguments of
+        :func:`compiled.simulate` before the limit (:func:`compiled.pack_tables`' arrays, the op
+        inputs as CSR, op durations, initial bytes), made once."""
+        from . import compiled
+
         ix = self.index
-        tables = (ix.event_op, ix.event_return_op, ix.tensor_held_op, ix.tensor_nbytes, ix.tensor_alloc_op,
-                  ix.tensor_free_op, ix.op_malloc, ix.op_scratch, ix.op_free, ix.op_duration, ix.op_phase,
-                  self.tt_d2h, self.tt_h2d, ix.op_inputs_ptr, ix.op_inputs_idx, ix.op_memory, ix.event_tensor,
-                  self._valid.can_swap, self._valid.can_recompute, int(ix.initial_bytes))
+        packed = compiled.pack_tables(ix.event_op, ix.event_return_op, ix.event_tensor, ix.tensor_held_op,
+                                      ix.tensor_nbytes, ix.tensor_alloc_op, ix.tensor_free_op, ix.op_malloc,
+                                      ix.op_scratch, ix.op_free, ix.op_phase, ix.op_memory, self.tt_d2h,
+                                      self.tt_h2d, self._valid.can_swap, self._valid.can_recompute)
+        kernel = compiled, (*packed, np.ascontiguousarray(ix.op_inputs_ptr, dtype=np.int64),
+                            np.ascontiguousarray(ix.op_inputs_idx, dtype=np.int64),
+                            np.ascontiguousarray(ix.op_duration, dtype=np.float64), int(ix.initial_bytes))
         if not _KERNELS_LOADED:
-            _load_kernels(self, tables)
-        return tables
+            _load_kernels(self, kernel)
+        return kernel
 
     def _compiled_analysis(self, ev: np.ndarray, kd: np.ndarray, te: np.ndarray) -> tuple:
         """:func:`compiled.analyse` of valid action arrays."""
-        from . import compiled
-
-        tb = self._kernel_tables
+        c, (ev_tab, t_tab, op_tab, _tt, _ok, in_ptr, in_idx, _dur, _initial) = self._kernel
         try:
-            return compiled.analyse(tb[0], tb[1], tb[2], tb[3], tb[4], tb[5], tb[6], tb[7], tb[13], tb[14], tb[15],
-                                    ev, kd, te)
+            return c.analyse(ev_tab[0], ev_tab[1], t_tab[0], t_tab[1], t_tab[2], t_tab[3], op_tab[0], op_tab[1],
+                             in_ptr, in_idx, op_tab[4], ev, kd, te)
         except SystemError as e:
-            raise _interruption(e) from None
+            raise kernel_interruption(e) from None
 
     # ------------------------------------------------------------- validity
     def valid_actions(self) -> ValidActions:
@@ -189,14 +194,29 @@ class Simulator:
                    overcommit: bool = False) -> SimResult:
         """:meth:`run` for a plan given as three integer arrays (``Action`` fields: event, tensor,
         kind: 0 swap, 1 recompute): no Python object per action (planners, the environment)."""
-        # copies: the result's schedule is made from them when first asked for
-        ev, te, kd = (np.array(x, dtype=np.int64) for x in (events, tensors, kinds))
-        if not ev.shape == te.shape == kd.shape or ev.ndim != 1:
-            raise ValueError(f"events, tensors and kinds must be 1-d arrays of one length, not of shapes "
-                             f"{ev.shape}, {te.shape}, {kd.shape}")
+        ev, te, kd = _plan_arrays(events, tensors, kinds)
         if self.engine == "python":
             return run_reference(self, self.analyse(_actions_of(ev, te, kd)), False, overcommit)
         return self._run_compiled(ev, kd, te, bool(overcommit), None)
+
+    def run_summary(self, events: np.ndarray, tensors: np.ndarray, kinds: np.ndarray, *,
+                    overcommit: bool = False) -> RunSummary:
+        """:meth:`run_arrays`, returning only the figures a step-by-step environment reads at every
+        step (a :class:`~dqn_swap.simulator.result.RunSummary`); its ``result`` is the
+        :class:`SimResult` :meth:`run_arrays` returns, made from the same run when first asked for."""
+        ev, te, kd = _plan_arrays(events, tensors, kinds)
+        if self.engine == "python":
+            return RunSummary.of(run_reference(self, self.analyse(_actions_of(ev, te, kd)), False, overcommit))
+        out = self._simulate_compiled(ev, kd, te, bool(overcommit), None)
+        c = self._kernel[0]
+        s = out[1].tolist()
+        f = out[2].tolist()
+        feasible, whole, makespan = self._ending(c, s, f)
+        stuck = s[c.STUCK]
+        return RunSummary(feasible, overhead_of(feasible, whole, makespan, self.compute_time, f[c.ST_SWAP],
+                                                f[c.ST_PF], f[c.ST_REC]),
+                          s[c.ST_OP] if stuck else -1, s[c.ST_NEEDED] - s[c.ST_AVAIL] if stuck else 0,
+                          s[c.PEAK], s[c.PEAK_OP], out[3], lambda: self._compiled_result(out, ev, kd, te, None))
 
     def _arrays(self, actions: list[Action] | tuple[Action, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(events, kinds, tensors)`` int64 arrays of ``actions``, or None where a field is not an
@@ -214,14 +234,12 @@ class Simulator:
     def _check(self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
                actions: list[Action] | tuple[Action, ...] | None) -> None:
         """Raise the reference's ``ValueError`` for the first invalid action of ``arrays``."""
-        from . import compiled
-
+        c, (ev_tab, _t_tab, _op_tab, _tt, ok, *_rest) = self._kernel
         ev, kd, te = arrays
-        tb = self._kernel_tables
         try:
-            bad = compiled.first_invalid(tb[16], tb[17], tb[18], ev, kd, te)
+            bad = c.first_invalid(ev_tab[2], ok[0], ok[1], ev, kd, te)
         except SystemError as e:
-            raise _interruption(e) from None
+            raise kernel_interruption(e) from None
         if bad >= 0:
             self._invalid(bad, ev, kd, te, actions)
 
@@ -232,28 +250,46 @@ class Simulator:
 
     def _run_compiled(self, ev: np.ndarray, kd: np.ndarray, te: np.ndarray, overcommit: bool,
                       actions: list[Action] | tuple[Action, ...] | None) -> SimResult:
-        from . import compiled as c
+        return self._compiled_result(self._simulate_compiled(ev, kd, te, overcommit, actions), ev, kd, te, actions)
 
-        tb = self._kernel_tables
+    def _simulate_compiled(self, ev: np.ndarray, kd: np.ndarray, te: np.ndarray, overcommit: bool,
+                           actions: list[Action] | tuple[Action, ...] | None) -> tuple:
+        """:func:`compiled.simulate` of valid int64 action arrays (raises the reference's
+        ``ValueError`` on the first invalid action)."""
+        c, tables = self._kernel
         try:
-            bad, S, F, rec_ops, plog_t, plog_k, need, ignored = c.simulate(
-                *tb, self.memory_limit, self._duplex, overcommit, ev, kd, te)
+            out = c.simulate(*tables, self.memory_limit, self._duplex, overcommit, ev, kd, te)
         except SystemError as e:
-            raise _interruption(e) from None
-        if bad >= 0:
-            self._invalid(bad, ev, kd, te, actions)
+            raise kernel_interruption(e) from None
+        if out[0] >= 0:
+            self._invalid(out[0], ev, kd, te, actions)
+        return out
+
+    def _ending(self, c: Any, s: list[int], f: list[float]) -> tuple[bool, bool, float]:
+        """``(feasible, whole, makespan)`` from the compiled engine's (module ``c``) final state
+        (``whole``: an overcommitted run that went to the end without fitting)."""
+        if s[c.HALT]:
+            return False, False, f[c.ST_TIME]
+        makespan = self.compute_time + (f[c.CLOCK] - self._last_end) if self.index.n_ops else 0.0
+        stuck = bool(s[c.STUCK])
+        return not stuck, stuck, makespan
+
+    def _compiled_result(self, out: tuple, ev: np.ndarray, kd: np.ndarray, te: np.ndarray,
+                         actions: list[Action] | tuple[Action, ...] | None) -> SimResult:
+        """The :class:`SimResult` of :meth:`_simulate_compiled`'s ``out``."""
+        c = self._kernel[0]
+        _bad, S, F, need, log = out
         s = S.tolist()
         f = F.tolist()
+        n_rec, n_pf = s[c.REC_N], s[c.PLOG_N]
+        rec_ops, plog_t, plog_k = log[:n_rec], log[n_rec:n_rec + n_pf], log[n_rec + n_pf:n_rec + 2 * n_pf]
+        ignored = log[n_rec + 2 * n_pf:]
         ign = tuple(_actions_of(ev[ignored], te[ignored], kd[ignored])) if len(ignored) else ()
         infeasible = None
         if s[c.STUCK]:
             infeasible = Infeasibility(s[c.ST_OP], s[c.ST_NEEDED], s[c.ST_AVAIL],
                                        c.reason_text(s[c.ST_CODE], s[c.ST_ARG], self.trace))
-        if s[c.HALT]:
-            feasible, whole, makespan = False, False, f[c.ST_TIME]
-        else:
-            makespan = self.compute_time + (f[c.CLOCK] - self._last_end) if self.index.n_ops else 0.0
-            feasible, whole = infeasible is None, infeasible is not None
+        feasible, whole, makespan = self._ending(c, s, f)
         parts = _CompiledSchedule(self, ev, kd, te, plog_t, plog_k, s[c.MAX_PENDING])
         return make_result(feasible, whole, makespan, self.compute_time, f[c.ST_SWAP], f[c.ST_PF], f[c.ST_REC],
                            f[c.PH_STALL:c.PH_STALL + 3], s[c.BYTES_D2H], s[c.BYTES_H2D], s[c.PEAK],
@@ -286,10 +322,20 @@ class _CompiledSchedule:
         return prefetch, sequences, self.inflight, self.sim.lists.alloc
 
 
+def _plan_arrays(events: np.ndarray, tensors: np.ndarray, kinds: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(events, tensors, kinds)`` as int64 copies (a result's schedule is made from them when
+    first asked for); ``ValueError`` unless they are 1-d and of one length."""
+    ev, te, kd = np.array(events, dtype=np.int64), np.array(tensors, dtype=np.int64), np.array(kinds, dtype=np.int64)
+    if not ev.shape == te.shape == kd.shape or ev.ndim != 1:
+        raise ValueError(f"events, tensors and kinds must be 1-d arrays of one length, not of shapes "
+                         f"{ev.shape}, {te.shape}, {kd.shape}")
+    return ev, te, kd
+
+
 _KERNELS_LOADED = False
 
 
-def _load_kernels(sim: Simulator, tables: tuple) -> None:
+def _load_kernels(sim: Simulator, kernel: tuple) -> None:
     """Load (or compile) the compiled kernels once per process, with SIGINT and SIGTERM held until
     they are ready, then acted on.
 
@@ -299,31 +345,19 @@ def _load_kernels(sim: Simulator, tables: tuple) -> None:
     (:func:`dqn_swap.stop.signals_noted`), on this simulator's own tables and an empty plan."""
     global _KERNELS_LOADED
     from ..stop import Stopped, signals_noted
-    from . import compiled
 
+    c, tables = kernel
+    ev_tab, t_tab, op_tab, _tt, ok, in_ptr, in_idx, _dur, _initial = tables
     received: list[int] = []
     none = np.zeros(0, dtype=np.int64)
     with signals_noted(received):
-        compiled.first_invalid(tables[16], tables[17], tables[18], none, none, none)
-        compiled.analyse(*tables[:8], tables[13], tables[14], tables[15], none, none, none)
-        compiled.simulate(*tables, sim.memory_limit, sim._duplex, False, none, none, none)
+        c.first_invalid(ev_tab[2], ok[0], ok[1], none, none, none)
+        c.analyse(ev_tab[0], ev_tab[1], t_tab[0], t_tab[1], t_tab[2], t_tab[3], op_tab[0], op_tab[1],
+                  in_ptr, in_idx, op_tab[4], none, none, none)
+        c.simulate(*tables, sim.memory_limit, sim._duplex, False, none, none, none)
     _KERNELS_LOADED = True
     if received:
         raise Stopped(received[0])
-
-
-def _interruption(error: SystemError) -> BaseException:
-    """What a compiled kernel's ``SystemError`` stands for: the ``KeyboardInterrupt`` (or
-    :class:`dqn_swap.stop.Stopped`) a signal handler raised while the kernel ran, else the error.
-
-    Numba runs Python callbacks inside a kernel (it unpickles constants there); a signal that
-    arrives then has its handler's exception raised in that callback, which Numba reports as a
-    ``SystemError`` caused by it.  Ctrl-C and ``kill`` must stop a command the same way whatever
-    it was computing."""
-    cause: BaseException | None = error
-    while cause is not None and not isinstance(cause, KeyboardInterrupt):
-        cause = cause.__cause__ or cause.__context__
-    return cause if cause is not None else error
 
 
 def _actions_of(ev: np.ndarray, te: np.ndarray, kd: np.ndarray) -> list[Action]:

@@ -11,7 +11,8 @@ import dqn_swap.env as env_pkg
 from dqn_swap.simulator import simulate
 from dqn_swap.limits import resolve_limit
 from dqn_swap.env import SwapRecomputeEnv
-from dqn_swap.env.candidates import NOTHING, build_action_graph
+from dqn_swap.env.candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, NOTHING, RECOMPUTE,
+                                     build_action_graph)
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +206,82 @@ def test_deficit_ahead_reads_the_simulators_memory_need(trace):
     away = slice(leaves + 1, int(e.graph.reuse_op[a]))
     assert away.start < away.stop
     assert np.all(need[away] - after[away] == trace.tensor_nbytes[act.tensor])
+
+
+def features_from_scratch(e: SwapRecomputeEnv) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """``(nodes, mask, current, deficit)`` of the class docstring's observation, computed from the
+    simulator's full result of the plan so far and the graph alone (what the environment keeps
+    up to date step by step)."""
+    g, res = e.graph, e.result
+    acted = np.isin(g.tensor, [a.tensor for a in e.actions])
+    blocked = np.zeros(g.n_nodes, dtype=bool)
+    for n in e._nodes:
+        if e._chain_links is not None and g.kind[n] == RECOMPUTE:
+            blocked[e._chain_links[n]] = True
+    x = g.x_static.copy()
+    if res.feasible:
+        valid, cur, deficit = np.zeros(g.n_nodes, dtype=bool), 0, 0.0
+        tv = np.zeros(g.n_nodes)
+    else:
+        inf = res.infeasible
+        op = inf.op if inf is not None else res.peak_op
+        deficit = float(max(inf.needed - inf.available if inf is not None else res.peak_bytes - e.memory_limit, 0))
+        valid = (g.event_op >= 0) & (g.event_op < op) & (g.reuse_op > op) & ~acted & ~blocked
+        cur = max(int(np.searchsorted(g.node_op, op, side="left")) - 1, 0)
+    if not valid.any():
+        valid[0] = True
+    if not res.feasible:
+        tv = np.where(valid, np.log1p(np.maximum(e.trace.op_start[op] - g.event_time, 0.0) / g.time_scale), 0.0)
+    deficit = float(np.log1p(deficit / g.size_scale))
+    lo, hi = e.trace.minimum_memory, e.trace.peak_bytes
+    x[:, F_VALID], x[:, F_LIMIT] = valid, np.clip((e.memory_limit - lo) / max(hi - lo, 1), -1.0, 2.0)
+    x[cur, F_EXEC], x[:, F_DEFICIT], x[:, F_TVIOL] = 1.0, deficit, tv.astype(np.float32)
+    x[:, F_CHOSEN] = np.isin(np.arange(g.n_nodes), e._nodes)
+    return x, valid, cur, deficit
+
+
+@pytest.mark.parametrize("limit,graph,chains,reward", [("30%", "candidates", True, "whole"),
+                                                       ("5%", "candidates", False, "accrued"),
+                                                       ("50%", "events", True, "whole")])
+def test_observation_kept_step_by_step_is_the_one_made_from_scratch(trace, limit, graph, chains, reward):
+    """Through episodes with invalid actions, batches, snapshots and restores, the observation,
+    mask and state kept up to date in place are those computed afresh from the simulator's result."""
+    e = SwapRecomputeEnv(trace, limit, graph=graph, recompute_chains=chains, reward=reward)
+    rng = np.random.default_rng(0)
+    checked = 0
+
+    def check(obs=None, info=None):  # noqa: ANN001, ANN202
+        nonlocal checked
+        x, valid, cur, deficit = features_from_scratch(e)
+        st = e.state()
+        assert np.array_equal(e.action_masks(), valid) and np.array_equal(st.valid, valid)
+        assert st.current == cur and st.deficit == deficit
+        assert np.array_equal(e.node_features(st), x)
+        if obs is not None:
+            assert np.array_equal(obs.nodes, x) and np.array_equal(info["action_mask"], valid)
+        checked += 1
+
+    for episode in range(3):
+        obs, info = e.reset(seed=episode)
+        check(obs, info)
+        snap, done = None, False
+        while not done:
+            mask = e.action_masks()
+            if rng.random() < 0.15 and (~mask).any():
+                a = int(rng.choice(np.flatnonzero(~mask)))
+            else:
+                a = int(rng.choice(np.flatnonzero(mask)))
+            if snap is None and len(e.actions) == 2:
+                snap = e.snapshot()
+            obs, _, term, trunc, info = e.step(a)
+            check(obs, info)
+            obs.nodes[:] = -1.0  # what a step returns is the user's
+            done = term or trunc
+        if snap is not None:
+            e.restore(snap)
+            check()
+            valid = [int(v) for v in np.flatnonzero(e.action_masks()) if v]
+            if valid:
+                e.step_many(valid[:3])
+                check()
+    assert checked > 10
