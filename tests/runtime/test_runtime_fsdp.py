@@ -44,6 +44,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from ..runtime_support import _flat
+
 pytest.importorskip("torch.distributed.fsdp")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,20 +143,6 @@ def _train(make, inputs, loss_fn, trace, plan):  # noqa: ANN001, ANN202
 def _steady(peaks: list[int]) -> int:
     """The peak of the iteration: the least over steady-state steps (module docstring)."""
     return min(peaks)
-
-
-def _flat(x, prefix: str = "") -> dict:  # noqa: ANN001
-    if isinstance(x, dict):
-        out: dict = {}
-        for k, v in x.items():
-            out.update(_flat(v, f"{prefix}{k}/"))
-        return out
-    if isinstance(x, (list, tuple)):
-        out = {}
-        for i, v in enumerate(x):
-            out.update(_flat(v, f"{prefix}{i}/"))
-        return out
-    return {prefix.rstrip("/"): x}
 
 
 def _same(label: str, ref, got) -> None:  # noqa: ANN001
