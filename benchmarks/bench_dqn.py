@@ -90,7 +90,8 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.agents.dqn import DQNPlanner, DQNSearchPlanner
     from dqn_swap.cost import get_profile
 
-    names = list(planner_names("baseline"))
+    # the papers' baselines and the switches users turn on instead (per-block checkpointing, offloading, knapsack)
+    names = list(planner_names("baseline")) + list(planner_names("switch"))
     prof = get_profile(PROFILE)
     agents_dir = Path(args.agents) if args.agents else None
     cache = json.loads(CACHE.read_text()) if CACHE.exists() and not args.fresh else {}

@@ -60,8 +60,14 @@ CATALOG: tuple[Entry, ...] = (
           "cells"),
     Entry("generalization_test", "Networks no agent was trained on: the generator's test families, every "
           "planner, the shipped agent", "test"),
+    Entry("best_known", "The best feasible plan known per cell of the generated networks (network, batch size, "
+          "profile, limit): planner and settings that found it, trace fingerprint, makespan, and the certified "
+          "lower bound beside it; the table agents are scored against (bench_generalization.py --best-known)"),
     Entry("generalization_validation_polish", "The generator's validation families (24 cells), the shipped "
           "agent with and without local search, and the polished best baseline", "validation"),
+    Entry("generalization_validation_ablation", "How the agent is taught, on the validation families: TD "
+          "learning with improved demonstrations against expert iteration, a narrow corpus and a wider network, "
+          "each agent alone in one pass (benchmarks/ablation_expert.sh)", "expert"),
     Entry("user_baselines", "What users would switch on instead (per-block checkpointing, torchtune's activation "
           "offloading, both, torch.compile's activation-budget knapsack) against dqn and the best baseline",
           "user"),
@@ -121,9 +127,13 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
      "Random small traces whose every plan was enumerated and simulated: the bound must never exceed the "
      "optimum, and a proof must never be claimed falsely."),
     ("test", "Networks never seen: the test families",
-     "One network of each test family at its own batch size and profile; `✓`: at or below the best "
-     "baseline (+0.001)."),
+     "Two networks of each of the seven test families at their own batch size, profile and precision, every "
+     "baseline and user switch, the shipped agent alone (`dqn`) and with search, and the best plan known "
+     "(`best_known.json`); `✓`: at or below the best baseline (+0.001)."),
     ("validation", "Networks never seen: the validation families", "Three networks of each validation family."),
+    ("expert", "Teaching the agent: expert iteration, corpus and width",
+     "Every agent planned alone, in one pass (`dqn`), on two networks of each validation family at four limits; "
+     "the arms trained 6,000 steps each (docs/learning.md, \"Expert iteration\")."),
     ("user", "The switches users reach for",
      "Hugging Face's per-block checkpointing, torchtune's activation offloading, the two together and "
      "torch.compile's activation-memory-budget knapsack, modelled in the simulator, against the agent and the "
@@ -362,7 +372,8 @@ def s_gpu() -> tuple[str, list[str]]:
 BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "grid": s_grid, "search": s_search, "optimal": s_md("optimal_grid_60s"), "optimal600": s_md("optimal_grid"),
     "scaling": s_md("optimal_scaling"), "bound": s_bound, "test": s_generalization("generalization_test"),
-    "validation": s_generalization("generalization_validation_polish"), "table1": s_table1, "ablation": s_ablation,
+    "validation": s_generalization("generalization_validation_polish"),
+    "expert": s_md("generalization_validation_ablation"), "table1": s_table1, "ablation": s_ablation,
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
     "autoplan": s_md("autoplan_overhead_cpu"), "user": s_md("user_baselines"), "gpu": s_gpu, "record": s_md("record"),

@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# Train the corpus agent from nothing, one command on the CPU: the candidate to replace the
-# shipped checkpoints/default.pt (it has not yet: README, "Learning plans", says why).
-# Measured: 1,944 s on one core of the 2-core machine (runs/ship/v2.pt; that run read the
-# ResNet-50 trace recorded before module names were made deterministic: same ops, sizes
-# and costs, and the same plans, another fingerprint).
+# Train the shipped agent (checkpoints/default.pt) from nothing, one command on the CPU.
 #
-# Corpus: two generated networks of each of the generator's 7 training families
-# (dqn_swap/models/generator.py; each at its own batch size and device profile) and six zoo
-# networks (the comparison grid's ResNet-50 b64, VGG-16 b64, U-Net b8 and GPT b8, plus
-# LSTM-20 b64 and ResNet-18 b32, profile v100-pcie3), each at 90/70/50/30 % of the way
-# from its minimum memory to its peak: 80 cells.  Never trained on: the validation
-# families (dense_cnn, text_encoder) and the test families (inverted_residual_cnn,
-# vision_transformer, gru_seq2seq, wide_residual_cnn, mlp_mixer), the grid's LSTM b64.
+# Corpus: two generated networks of each of the generator's 10 training families
+# (dqn_swap/models/generator.py; each at its own batch size, device profile and precision) and
+# six zoo networks (the comparison grid's ResNet-50 b64, VGG-16 b64, U-Net b8 and GPT b8, plus
+# LSTM-20 b64 and ResNet-18 b32, profile v100-pcie3), each at 90/70/50/30 % of the way from its
+# minimum memory to its peak: 104 cells.  Never trained on: the validation families (dense and
+# inception CNNs, BERT-style encoders, audio encoders, graph networks) and the test families
+# (inverted-residual, wide residual and squeeze-excitation CNNs, vision transformers, GRU
+# sequence-to-sequence models, MLP-mixers, Hugging Face encoder-decoders), nor the grid's
+# 100-step LSTM b64.
 #
-# Learning: DQfD demonstrations (the best baseline's replayed plan per cell, 3,000
-# pre-training updates, half of every mini-batch, large-margin loss), improved during
-# training by the dqn-search lookahead with the agent's own Q (demo_improve=search),
-# learning rate 5e-4, 60,000 steps, one thread.  See checkpoints/README.md for the time
-# it scores.
+# Learning: expert iteration (docs/learning.md, "Expert iteration"): DQfD demonstrations that
+# start as the best baseline's plan polished by local search and are improved every 2,000 steps
+# by dqn-search with the agent's own Q, plus the greedy agent's own states labelled by them
+# (demo_dagger); 3,000 pre-training updates, three quarters of every mini-batch from the
+# demonstrations, learning rate 5e-4, 12,000 steps, one thread.  checkpoints/README.md says what
+# it took and what it scores.
 #
 #   bash scripts/train_corpus_agent.sh [OUTPUT]     (default runs/corpus_agent.pt)
 set -euo pipefail
@@ -29,8 +28,8 @@ mkdir -p "$(dirname "$out")"
 gen=$("$PY" -c "from dqn_swap.models.generator import corpus
 print(' '.join(s.name for s in sorted(corpus('train', 2), key=lambda s: (s.family, s.seed))))")
 # shellcheck disable=SC2086  # $gen is a list of names
-"$PY" -m dqn_swap train $gen resnet50:64 vgg16:64 unet:8 gpt:8 lstm_short:64 resnet18:32 \
-    --memory-limits 90%,70%,50%,30% --steps 60000 --threads 1 \
-    --set demonstrations=best-baseline --set demo_pretrain_steps=3000 --set demo_fraction=0.5 \
-    --set demo_improve=search --set learning_rate=5e-4 --set eval_every=5000 \
-    -o "$out" --curve "${out%.pt}.png"
+OMP_NUM_THREADS=1 "$PY" -m dqn_swap train $gen resnet50:64 vgg16:64 unet:8 gpt:8 lstm_short:64 resnet18:32 \
+    --memory-limits 90%,70%,50%,30% --steps 12000 --threads 1 \
+    --set demonstrations=best-baseline --set demo_pretrain_steps=3000 --set demo_fraction=0.75 \
+    --set demo_improve=polish --set demo_dagger=True --set demo_improve_every=2000 --set eval_every=2000 \
+    --set learning_rate=5e-4 -o "$out" --curve "${out%.pt}.png"

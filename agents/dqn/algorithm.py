@@ -350,14 +350,73 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                             "trace_fingerprints": fingerprints})
         bar.set_postfix(score=f"{ev['score']:.4f}", best=f"{best['score']:.4f}")
 
+    def better(rank: tuple[bool, float], than: tuple[bool, float]) -> bool:
+        return rank[0] < than[0] or (rank[0] == than[0] and rank[1] < than[1] - 1e-9)
+
+    def improve_demonstrations(step: int, *, search: bool = True) -> None:
+        """Search with the current Q on every cell; keep its episode where it beats the demonstration
+        (``polish``: the lookahead's plan and the demonstration itself, each polished by local search)."""
+        nonlocal demo_rb
+        if demo_rb is None or config.demo_improve == "none":
+            return
+        from .demonstrations import polished_episode
+        from .planner import search_episode
+
+        improved = 0
+        for i, ev_env in enumerate(eval_envs):
+            found: list[tuple[list[Any], tuple[bool, float], tuple[Any, ...] | None, str]] = []
+            if search:
+                steps = search_episode(q_net, batcher, ev_env, config.search_k, config.reward_scale)
+                res = ev_env.result
+                found.append((steps, (not res.feasible, float(res.overhead)), tuple(ev_env.actions),
+                              f"dqn-search@{step}"))
+            if config.demo_improve == "polish":
+                teachers = [(demo_actions[i], f"{str(demo_info[i].get('planner')).split(' ')[0]} polished@{step}")]
+                if found and not found[0][1][0]:
+                    teachers.append((found[0][2], f"dqn-search polished@{step}"))
+                for actions, label in teachers:
+                    got = polished_episode(ev_env, actions, config.demo_polish_simulations)
+                    if got is not None:
+                        found.append((got[0], got[1], got[2], label))
+            for steps, rank, actions, label in found:
+                if steps and better(rank, demo_rank[i]):
+                    demo_episodes[i], demo_rank[i], demo_actions[i] = steps, rank, actions
+                    improved += 1
+                    demo_info[i] = {**demo_info[i], "planner": label, "steps": len(steps),
+                                    "replayed_overhead": rank[1], "replayed_feasible": not rank[0]}
+        n_corrections = 0
+        if config.demo_dagger and search:
+            from .demonstrations import corrections
+            from .planner import greedy_q
+
+            def student(env: SwapRecomputeEnv) -> int:
+                with torch.no_grad():
+                    return int(np.argmax(greedy_q(q_net, batcher, env)))
+
+            for i, ev_env in enumerate(eval_envs):
+                new = corrections(ev_env, demo_actions[i], student)
+                dagger[i] = (dagger[i] + new)[-config.demo_dagger_keep:]
+                n_corrections += len(new)
+        if improved or n_corrections:
+            demo_rb = _demo_buffer(demo_episodes + [[st] for steps in dagger for st in steps],
+                                   list(keys) + [k for k, steps in zip(keys, dagger) for _ in steps], config, rng)
+        log("demos/corrections", n_corrections, step)
+        log("demos/improved_cells", improved, step)
+        log("demos/mean_overhead", float(np.mean([r[1] for r in demo_rank])), step)
+
     # ---- demonstrations (DQfD): the best baseline's replayed plan of every cell, kept for the whole run
     demo_rb, demo_info = None, []
     if config.demonstrations == "best-baseline":
-        from .demonstrations import demonstrations
+        from .demonstrations import demonstrations, replay_nodes
 
         demo_episodes, demo_info = demonstrations(envs)
         demo_rank = [(not d.get("replayed_feasible", False), d.get("replayed_overhead", np.inf)) for d in demo_info]
         demo_rb = _demo_buffer(demo_episodes, keys, config, rng)
+        # each cell's demonstration as the actions its replay took (the plan local search polishes)
+        demo_actions = [replay_nodes(ev, [s.action for s in steps]) for ev, steps in zip(eval_envs, demo_episodes)]
+        dagger: list[list[Any]] = [[] for _ in envs]  # the student's states labelled by the teacher
+        if config.demo_improve == "polish" and start_step == 0:
+            improve_demonstrations(0, search=False)  # the best baseline's plans polished: the first teacher
         if writer is not None:
             writer.add_text("demonstrations", "|cell|planner|replayed overhead|steps|\n|-|-|-|-|\n" + "\n".join(
                 f"|{d['env']}|{d['planner']}|{d.get('replayed_overhead')}|{d['steps']}|" for d in demo_info))
@@ -370,27 +429,6 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                     log("losses/pretrain_td_loss", loss, pre)
                     log("losses/pretrain_margin_loss", margin, pre)
             target_net.load_state_dict(q_net.state_dict())
-
-    def improve_demonstrations(step: int) -> None:
-        """Search with the current Q on every cell; keep its episode where it beats the demonstration."""
-        nonlocal demo_rb
-        if demo_rb is None or config.demo_improve != "search":
-            return
-        from .planner import search_episode
-
-        improved = 0
-        for i, ev_env in enumerate(eval_envs):
-            steps = search_episode(q_net, batcher, ev_env, config.search_k, config.reward_scale)
-            res = ev_env.result
-            rank = (not res.feasible, float(res.overhead))
-            if steps and (rank[0] < demo_rank[i][0] or (rank[0] == demo_rank[i][0] and rank[1] < demo_rank[i][1] - 1e-9)):
-                demo_episodes[i], demo_rank[i], improved = steps, rank, improved + 1
-                demo_info[i] = {**demo_info[i], "planner": f"dqn-search@{step}", "steps": len(steps),
-                                "replayed_overhead": rank[1], "replayed_feasible": not rank[0]}
-        if improved:
-            demo_rb = _demo_buffer(demo_episodes, keys, config, rng)
-        log("demos/improved_cells", improved, step)
-        log("demos/mean_overhead", float(np.mean([r[1] for r in demo_rank])), step)
 
     # ---- the loop (Algorithm 1)
     order = rng.permutation(len(envs))
@@ -452,6 +490,9 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
             target_net.load_state_dict(q_net.state_dict())
         if (global_step + 1) % config.eval_every == 0:
             evaluate_and_keep(global_step + 1)
+            if not config.demo_improve_every:
+                improve_demonstrations(global_step + 1)
+        if config.demo_improve_every and (global_step + 1) % config.demo_improve_every == 0:
             improve_demonstrations(global_step + 1)
         bar.update(1)
     if not evaluations or evaluations[-1]["step"] != config.total_timesteps:

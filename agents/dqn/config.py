@@ -46,6 +46,19 @@ class DQNConfig:
     ``dqn-search`` lookahead (top ``search_k`` actions by Q, one step in the simulator) and
     keeps that episode as the cell's demonstration where it beats the current one; the
     greedy policy is then trained towards what search with its own Q finds.
+
+    Expert iteration (Anthony et al., "Thinking Fast and Slow with Deep Learning and Tree
+    Search", NeurIPS 2017; ours in this setting): ``demo_improve="polish"`` makes the whole
+    ``dqn-search`` the teacher.  The cells' demonstrations start from the best baseline's plan
+    polished by local search (:mod:`dqn_swap.agents.local_search`); every
+    ``demo_improve_every`` steps (0: at every evaluation) each cell is planned again by the
+    lookahead with the current Q, that plan and the cell's current demonstration are polished
+    (``demo_polish_simulations`` simulations each), and the better replay replaces the
+    demonstration where it beats it.  The greedy policy learns, through the large-margin loss,
+    to take in one pass the actions the search found.  ``demo_dagger`` adds, at every round,
+    the greedy agent's own states where it strays from the teacher's plan, labelled with the
+    teacher's action (DAgger, :func:`dqn_swap.agents.dqn.demonstrations.corrections`; the last
+    ``demo_dagger_keep`` per cell are kept).
     """
 
     # network
@@ -96,12 +109,18 @@ class DQNConfig:
     demo_pretrain_steps: int = 0
     demo_improve: str = "none"
     search_k: int = 4
+    demo_improve_every: int = 0
+    demo_polish_simulations: int = 4_000
+    demo_dagger: bool = False
+    demo_dagger_keep: int = 200
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             _check(field.name, getattr(self, field.name))
         if self.demo_improve != "none" and self.demonstrations == "none":
             raise ValueError("DQN setting demo_improve needs demonstrations (set demonstrations=best-baseline)")
+        if self.demo_dagger and self.demo_improve != "polish":
+            raise ValueError("DQN setting demo_dagger needs demo_improve=polish (its teacher)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -139,7 +158,9 @@ _RULES: dict[str, Any] = {
     "per_beta": (float, 0, 1), "mask_target": bool, "eval_every": (int, 1, 10**9), "seed": (int, 0, 2**63 - 1),
     "demonstrations": ("none", "best-baseline"), "demo_fraction": (float, 0, 1), "demo_margin": (float, 0, None),
     "demo_weight": (float, 0, None), "demo_pretrain_steps": (int, 0, 10**9),
-    "demo_improve": ("none", "search"), "search_k": (int, 1, 1000),
+    "demo_improve": ("none", "search", "polish"), "search_k": (int, 1, 1000),
+    "demo_improve_every": (int, 0, 10**9), "demo_polish_simulations": (int, 1, 10**8),
+    "demo_dagger": bool, "demo_dagger_keep": (int, 1, 10**7),
 }
 
 

@@ -133,13 +133,16 @@ def check_host_memory(load: Any, model: str, batch_size: int) -> None:
     with one line that says both figures, if its iteration needs more than the host has available.
 
     ``load(device)`` builds the workload on ``device``."""
-    from ..recorder import record_trace
+    from ..recorder import RecordingError, record_trace
 
     avail = available_host_bytes()
     if avail is None:
         return
     w = load("meta")
-    need = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta").peak_bytes
+    try:
+        need = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta").peak_bytes
+    except RecordingError:  # a network that records only on a real device (bf16 autocast): no estimate
+        return
     if need > avail:
         raise ValueError(f"{model} at batch size {batch_size} needs about {format_bytes(need)} of host memory for "
                          f"one iteration on --device cpu; {format_bytes(avail)} is available here (record on "

@@ -10,14 +10,16 @@ from .generator import NetworkSpec
 
 
 def record_spec(spec: NetworkSpec, *, batch_size: int | None = None, profile: str | None = None) -> Any:
-    """Record ``spec`` on ``meta`` (its own batch size and profile unless given): a
-    :class:`~dqn_swap.trace.Trace` whose metadata names the network, family and split."""
+    """Record ``spec`` on ``meta`` (on ``cpu`` where ``spec.record_device`` says so: bf16 autocast,
+    graph networks), its own batch size and profile unless given: a :class:`~dqn_swap.trace.Trace`
+    whose metadata names the network, family and split.  Op times come from the profile on both."""
     from ..recorder import record_trace
     from .registry import build_workload
 
     batch = batch_size or spec.batch_size
-    w = build_workload(spec.name, batch, device="meta", seed=spec.seed)
-    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="meta", inputs="released",
+    device = spec.record_device
+    w = build_workload(spec.name, batch, device=device, seed=spec.seed)
+    return record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device, inputs="released",
                         profile=profile or spec.profile,
                         meta={"model": spec.name, "batch_size": batch, "family": spec.family, "split": spec.split,
                               "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.sizes}})

@@ -10,14 +10,30 @@ a seed, reproducibly (NumPy's ``default_rng`` seeded with the family and the see
 Families are split, by family, into training, validation and test sets
 (:data:`FAMILIES`, :func:`family_names`): a planner is trained on the training
 families, tuned on the validation families, and its generalization is measured on the
-test families, which it has never seen.  The test families are the five kinds of
-network the shipped agent was measured on outside the zoo: MobileNetV2-style
-inverted residuals, vision transformers, GRU sequence-to-sequence models, wide ResNets
-and MLP-mixers.
+test families, which it has never seen:
+
+==========  =================================================================================
+split       families
+==========  =================================================================================
+train       plain_cnn, residual_cnn, bottleneck_cnn, encoder_decoder_cnn, decoder_transformer,
+            recurrent_lm, deep_mlp, grouped_cnn (ResNeXt/ConvNeXt), video_cnn (3D
+            convolutions), hf_decoder (Hugging Face GPT-2/Llama)
+validation  dense_cnn, text_encoder, inception_cnn (multi-branch), audio_encoder (1D-conv
+            front-end and transformer encoder), graph_network (PyTorch Geometric GCN/GIN/GAT)
+test        inverted_residual_cnn (MobileNetV2), vision_transformer, gru_seq2seq,
+            wide_residual_cnn, mlp_mixer -- the five kinds of network the shipped agent was
+            measured on outside the zoo -- and se_cnn (squeeze-excitation and stochastic
+            depth), hf_seq2seq (Hugging Face T5/BART/Marian with cross-attention)
+==========  =================================================================================
+
+The transformer families ``hf_seq2seq``, ``hf_decoder`` and ``audio_encoder`` draw a
+``bf16`` size: True trains the forward pass under bfloat16 autocast
+(:mod:`dqn_swap.models.precision`).
 
 Every spec builds a :class:`~dqn_swap.models.Workload` (``build_workload("gen:FAMILY:SEED",
 batch)``, and ``--model gen:FAMILY:SEED`` on the command line) and records on ``meta``
-(:mod:`dqn_swap.models.corpus`)::
+(:mod:`dqn_swap.models.corpus`), except where ``meta`` cannot run it
+(:attr:`NetworkSpec.record_device`: bf16 autocast and PyTorch Geometric's graph networks record on ``cpu``)::
 
     spec = sample("mlp_mixer", seed=3)
     specs = corpus("train", per_family=20)          # 20 seeds of every training family
@@ -43,7 +59,8 @@ Sizes = dict[str, Any]
 class Family:
     """One architecture family: how to draw its sizes and its batch size.
 
-    ``batch``: the range batch sizes are drawn from, log-uniformly.
+    ``batch``: the range batch sizes are drawn from, log-uniformly.  ``device``: where its
+    networks record (``"meta"``, or ``"cpu"`` for a family whose ops read tensor values).
     """
 
     name: str
@@ -51,6 +68,7 @@ class Family:
     description: str
     sample: Callable[[np.random.Generator], Sizes]
     batch: tuple[int, int]
+    device: str = "meta"
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,12 @@ class NetworkSpec:
 
     def config(self) -> Sizes:
         return dict(self.sizes)
+
+    @property
+    def record_device(self) -> str:
+        """Where the network records: its family's device, or ``"cpu"`` under bf16 autocast, which
+        does not act on ``meta`` tensors (:mod:`dqn_swap.models.precision`)."""
+        return "cpu" if self.config().get("bf16") else FAMILIES[self.family].device
 
 
 # --------------------------------------------------------------------------- samplers
@@ -177,6 +201,75 @@ def _mlp_mixer(rng: np.random.Generator) -> Sizes:
             "classes": _choice(rng, (10, 100, 1000))}
 
 
+def _se_cnn(rng: np.random.Generator) -> Sizes:
+    stages = _int(rng, 3, 4)
+    return {"blocks": tuple(_int(rng, 1, 3) for _ in range(stages)), "width": _choice(rng, (16, 32, 48, 64)),
+            "bottleneck": bool(rng.random() < 0.5), "reduction": _choice(rng, (4, 8, 16)),
+            "last_survival": _choice(rng, (0.5, 0.6, 0.7, 0.8, 0.9)), "image": _choice(rng, (32, 64, 96, 128)),
+            "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _hf_heads(rng: np.random.Generator, low: int, high: int) -> tuple[int, int]:
+    """(d_model, heads): heads of 32 or 64 dimensions, d_model from ``low`` to ``high``."""
+    head_dim = _choice(rng, (32, 64))
+    heads = _int(rng, max(1, low // head_dim), high // head_dim)
+    return heads * head_dim, heads
+
+
+def _hf_seq2seq(rng: np.random.Generator) -> Sizes:
+    kind = _choice(rng, ("t5", "bart", "marian"))
+    d_model, heads = _hf_heads(rng, 64, 256)
+    return {"kind": kind, "encoder_layers": _int(rng, 1, 4), "decoder_layers": _int(rng, 1, 4), "d_model": d_model,
+            "heads": heads, "ffn": d_model * _int(rng, 2, 4), "vocab": _log_int(rng, 1000, 16000),
+            "source_len": _choice(rng, (16, 32, 64, 128)), "target_len": _choice(rng, (8, 16, 32, 64)),
+            "bf16": bool(rng.random() < 0.5)}
+
+
+def _grouped_cnn(rng: np.random.Generator) -> Sizes:
+    stages = _int(rng, 3, 4)
+    return {"style": _choice(rng, ("resnext", "convnext")), "blocks": tuple(_int(rng, 1, 3) for _ in range(stages)),
+            "width": _choice(rng, (32, 64, 96, 128)), "groups": _choice(rng, (4, 8, 16, 32)),
+            "kernel": _choice(rng, (5, 7, 9)), "image": _choice(rng, (32, 64, 96, 128)),
+            "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _video_cnn(rng: np.random.Generator) -> Sizes:
+    stages = _int(rng, 2, 4)
+    return {"blocks": tuple(_int(rng, 1, 2) for _ in range(stages)), "width": _choice(rng, (8, 16, 24, 32)),
+            "factorised": bool(rng.random() < 0.5), "frames": _choice(rng, (4, 8, 16)),
+            "image": _choice(rng, (32, 48, 64, 112)), "classes": _choice(rng, (10, 51, 101, 400))}
+
+
+def _hf_decoder(rng: np.random.Generator) -> Sizes:
+    kind = _choice(rng, ("gpt2", "llama"))
+    d_model, heads = _hf_heads(rng, 64, 384)
+    kv_heads = _choice(rng, tuple(k for k in (1, 2, 4, heads) if heads % k == 0))
+    return {"kind": kind, "layers": _int(rng, 1, 6), "d_model": d_model, "heads": heads, "kv_heads": kv_heads,
+            "ffn": d_model * _int(rng, 2, 4), "vocab": _log_int(rng, 1000, 16000),
+            "seq_len": _choice(rng, (32, 64, 128, 256)), "bf16": bool(rng.random() < 0.5)}
+
+
+def _inception_cnn(rng: np.random.Generator) -> Sizes:
+    stages = _int(rng, 2, 3)
+    return {"blocks": tuple(_int(rng, 1, 3) for _ in range(stages)), "width": _choice(rng, (16, 32, 48, 64)),
+            "image": _choice(rng, (32, 64, 96, 128)), "classes": _choice(rng, (10, 100, 1000))}
+
+
+def _audio_encoder(rng: np.random.Generator) -> Sizes:
+    d_model = 64 * _int(rng, 2, 6)
+    return {"front": _choice(rng, ("waveform", "mel")), "frames": _choice(rng, (25, 50, 100, 150)),
+            "mels": _choice(rng, (40, 80, 128)), "conv_width": _choice(rng, (64, 128, 256)),
+            "layers": _int(rng, 2, 6), "d_model": d_model, "heads": d_model // 64,
+            "classes": _choice(rng, (32, 64, 128)), "bf16": bool(rng.random() < 0.5)}
+
+
+def _graph_network(rng: np.random.Generator) -> Sizes:
+    nodes = _log_int(rng, 100, 1000)
+    return {"conv": _choice(rng, ("gcn", "gin", "gat")), "nodes": nodes, "edges": nodes * _int(rng, 2, 8),
+            "features": _choice(rng, (16, 64, 128, 256)), "hidden": _choice(rng, (32, 64, 128, 256)),
+            "heads": _choice(rng, (2, 4, 8)), "layers": _int(rng, 2, 4), "classes": _int(rng, 2, 40)}
+
+
 #: Every family, by name, with its split.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("plain_cnn", "train", "VGG-style 3x3 convolution stacks", _plain_cnn, (8, 256)),
@@ -197,6 +290,18 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gru_seq2seq", "test", "GRU encoder-decoder, teacher forcing", _gru_seq2seq, (16, 256)),
     Family("wide_residual_cnn", "test", "wide ResNet (pre-activation, dropout)", _wide_residual_cnn, (16, 128)),
     Family("mlp_mixer", "test", "MLP-Mixer token and channel mixing", _mlp_mixer, (16, 128)),
+    Family("se_cnn", "test", "ResNet with squeeze-excitation and stochastic depth (drop path)", _se_cnn, (8, 128)),
+    Family("hf_seq2seq", "test", "Hugging Face T5/BART/Marian encoder-decoder, cross-attention", _hf_seq2seq,
+           (2, 32)),
+    Family("grouped_cnn", "train", "ResNeXt grouped 3x3 or ConvNeXt depthwise large-kernel blocks", _grouped_cnn,
+           (8, 128)),
+    Family("video_cnn", "train", "3D (or (2+1)D) residual convolutions over video clips", _video_cnn, (2, 32)),
+    Family("hf_decoder", "train", "Hugging Face GPT-2/Llama causal language model", _hf_decoder, (2, 32)),
+    Family("inception_cnn", "validation", "inception blocks: four branches concatenated", _inception_cnn, (8, 128)),
+    Family("audio_encoder", "validation", "wav2vec/Whisper-style 1D-conv front-end and transformer encoder",
+           _audio_encoder, (2, 32)),
+    Family("graph_network", "validation", "PyTorch Geometric GCN/GIN/GAT node classification", _graph_network,
+           (1, 4), device="cpu"),
 )}
 
 
@@ -208,7 +313,7 @@ ZOO_FAMILIES: dict[str, str | None] = {
     "resnet_sd": "residual_cnn", "resnet_tiny": "residual_cnn", "vgg16": "plain_cnn", "vgg19": "plain_cnn",
     "densenet121": "dense_cnn", "unet": "encoder_decoder_cnn", "lstm": "recurrent_lm", "lstm_short": "recurrent_lm",
     "gpt": "decoder_transformer", "gpt_tiny": "decoder_transformer", "kmeans": None, "mlp_tiny": "deep_mlp",
-    "hf:gpt2": "decoder_transformer", "hf:llama": "decoder_transformer", "hf:bert": "text_encoder",
+    "hf:gpt2": "hf_decoder", "hf:llama": "hf_decoder", "hf:bert": "text_encoder",
     "hf:vit": "vision_transformer",
 }
 
@@ -290,6 +395,14 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
         target = data.randint(classes, batch)
         return model, (data.randn(batch, 3, image, image),), lambda out: F.cross_entropy(out, target), sgd_momentum
 
+    def mixed(model: Any) -> Any:
+        """``model`` under bf16 autocast if the spec draws it (:mod:`dqn_swap.models.precision`)."""
+        if not c.get("bf16"):
+            return model
+        from .precision import Autocast
+
+        return Autocast(model)
+
     def language(model: Any, vocab: int, seq: int) -> tuple:
         tokens = data.randint(vocab, batch, seq + 1)
         inputs, target = tokens[:, :-1].contiguous(), tokens[:, 1:].reshape(-1)
@@ -340,6 +453,48 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
         target = data.randint(c["outputs"], batch)
         model = fm.DeepMLP(c["inputs"], c["width"], c["layers"], c["outputs"])
         return model, (data.randn(batch, c["inputs"]),), lambda out: F.cross_entropy(out, target), sgd_momentum
+    if f in ("se_cnn", "grouped_cnn", "inception_cnn"):
+        from . import cnn_families as cf
+
+        if f == "se_cnn":
+            model = cf.SECNN(c["blocks"], c["width"], c["bottleneck"], c["reduction"], c["last_survival"],
+                             c["classes"])
+        elif f == "grouped_cnn":
+            model = cf.GroupedCNN(c["style"], c["blocks"], c["width"], c["groups"], c["kernel"], c["classes"])
+        else:
+            model = cf.InceptionCNN(c["blocks"], c["width"], c["classes"])
+        return classify(model, c["image"], c["classes"])
+    if f == "video_cnn":
+        from .cnn_families import VideoCNN
+
+        target = data.randint(c["classes"], batch)
+        clips = data.randn(batch, 3, c["frames"], c["image"], c["image"])
+        model = VideoCNN(c["frames"], c["blocks"], c["width"], c["factorised"], c["classes"])
+        return model, (clips,), lambda out: F.cross_entropy(out, target), sgd_momentum
+    if f in ("hf_seq2seq", "hf_decoder"):
+        from .hf_families import hf_family_parts
+
+        model, inputs, loss_fn, make_optimizer = hf_family_parts(f, c, batch, data)
+        return mixed(model), inputs, loss_fn, make_optimizer
+    if f == "audio_encoder":
+        from .audio import AudioEncoder, waveform_samples
+
+        frames = c["frames"]
+        model = AudioEncoder(c["front"], frames, c["layers"], c["d_model"], c["heads"], c["classes"], c["mels"],
+                             c["conv_width"])
+        audio = (data.randn(batch, waveform_samples(frames)) if c["front"] == "waveform"
+                 else data.randn(batch, c["mels"], 2 * frames))
+        target = data.randint(c["classes"], batch * frames)
+        return mixed(model), (audio,), lambda out: F.cross_entropy(out.reshape(-1, c["classes"]).float(), target), \
+            adam
+    if f == "graph_network":
+        from .graph import GraphNetwork, random_graphs
+
+        nodes = batch * c["nodes"]
+        edge_index = random_graphs(batch, c["nodes"], c["edges"], data.randint)
+        target = data.randint(c["classes"], nodes)
+        model = GraphNetwork(c["conv"], c["features"], c["hidden"], c["layers"], c["classes"], c["heads"])
+        return model, (data.randn(nodes, c["features"]), edge_index), lambda out: F.cross_entropy(out, target), adam
     raise AssertionError(f"family {f!r} has no builder")
 
 

@@ -114,3 +114,76 @@ def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, t
         assert "demonstrations" in str(err)
     else:
         raise AssertionError("demo_improve without demonstrations was accepted")
+
+
+def test_a_polished_episode_is_never_worse_than_its_plan_and_its_actions_replay(tiny_resnet_trace):
+    from dqn_swap.agents.dqn.demonstrations import polished_episode, replay_nodes
+
+    env = make_env(tiny_resnet_trace, "35%", None, DQNConfig())
+    plan = get_planner("window").plan(tiny_resnet_trace, env.memory_limit)
+    steps = demonstration_episode(env, plan)
+    plain = env.result.overhead
+    got = polished_episode(env, tuple(env.actions), simulations=500)
+    assert got is not None
+    p_steps, rank, actions = got
+    assert not rank[0] and rank[1] <= plain + 1e-12
+    # Replaying the episode's own nodes takes the same actions back (a demonstration as a plan).
+    assert replay_nodes(env, [s.action for s in p_steps]) == actions
+    assert replay_nodes(env, [s.action for s in steps]) != () and env.result.feasible
+    # A plan that does not fit is not polished.
+    assert polished_episode(env, (), simulations=10) is None
+
+
+def test_expert_iteration_keeps_the_best_teacher_per_cell(tiny_resnet_trace, tmp_path):
+    base = dict(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
+                buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline",
+                demo_pretrain_steps=100, demo_polish_simulations=300)
+    limits = ["50%", "35%"]
+    demos = {}
+    for improve in ("none", "polish"):
+        extra = {"demo_dagger": True} if improve == "polish" else {}  # the student's states labelled too
+        train(tiny_resnet_trace, limits, tmp_path / f"{improve}.pt", DQNConfig(**base, demo_improve=improve, **extra),
+              log_dir=None, progress=False)
+        demos[improve] = load_agent(tmp_path / f"{improve}.pt")[2]["training"]["demonstrations"]
+    for before, after in zip(demos["none"], demos["polish"]):
+        assert after["replayed_feasible"] and after["replayed_overhead"] <= before["replayed_overhead"] + 1e-12
+    assert any("polished@" in a["planner"] and a["replayed_overhead"] < b["replayed_overhead"] - 1e-9
+               for b, a in zip(demos["none"], demos["polish"]))
+    try:
+        DQNConfig(demonstrations="best-baseline", demo_improve="polish", demo_improve_every=-1)
+    except ValueError as err:
+        assert "demo_improve_every" in str(err)
+    else:
+        raise AssertionError("a negative demo_improve_every was accepted")
+
+
+def test_corrections_label_the_students_own_states_with_the_teachers_actions(tiny_resnet_trace):
+    from dqn_swap.agents.dqn.demonstrations import corrections
+
+    env = make_env(tiny_resnet_trace, "35%", None, DQNConfig())
+    plan = get_planner("window").plan(tiny_resnet_trace, env.memory_limit)
+    teacher = demonstration_episode(env, plan)
+    teacher_nodes = {s.action for s in teacher}
+    teacher_actions = tuple(env.actions)
+    # A student that follows the teacher is never corrected.
+    script = iter([s.action for s in teacher])
+    assert corrections(env, teacher_actions, lambda e: next(script)) == []
+    # A student that takes the last valid action each time strays; every correction is a teacher action
+    # valid in the student's state, and its reward is the environment's for that action there.
+    def last_valid(e):
+        return int(np.flatnonzero(e.state().valid)[-1])
+
+    fixed = corrections(env, teacher_actions, last_valid)
+    assert fixed and all(s.action in teacher_nodes and s.state.valid[s.action] for s in fixed)
+    for s in fixed[:3]:
+        env.reset(seed=0)
+        while not np.array_equal(env.state().chosen, s.state.chosen):
+            env.step(last_valid(env))
+        _, r, *_ = env.step(s.action)
+        assert abs(r - s.reward) < 1e-12
+    try:
+        DQNConfig(demonstrations="best-baseline", demo_improve="search", demo_dagger=True)
+    except ValueError as err:
+        assert "demo_dagger" in str(err)
+    else:
+        raise AssertionError("demo_dagger without a polishing teacher was accepted")

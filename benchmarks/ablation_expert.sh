@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The learning ablation on the validation families: how the agent is taught (TD learning with the
+# best baseline's demonstrations improved by the lookahead, against expert iteration with the whole
+# dqn-search as the teacher and the student's own states labelled), how wide its training corpus is,
+# and how wide its network is.  Every arm trains 6,000 steps, seed 0, one thread; all but the narrow
+# arm on one network of each of the generator's 10 training families at 90/70/50/30 % (40 cells).
+# The narrow arm trains on the five zoo networks the first shipped agent saw (20 cells).  The agents
+# are then planned, alone and in one pass, on two networks of each validation family at four limits
+# (40 cells), beside the shipped agent:
+#
+#   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
+#
+# writes OUT_DIR/*.pt and benchmarks/results/generalization_validation_ablation.{json,md}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+[[ -n "${VIRTUAL_ENV:-}" ]] && PY=python
+out="${1:-runs/ablation_expert}"
+mkdir -p "$out"
+export OMP_NUM_THREADS=1
+gen=$("$PY" -c "from dqn_swap.models.generator import corpus
+print(' '.join(s.name for s in corpus('train', 1)))")
+zoo="resnet_tiny:8 gpt_tiny:4 resnet18:32 lstm_short:64 resnet50:64"
+common=(--memory-limits 90%,70%,50%,30% --steps 6000 --threads 1 --set demonstrations=best-baseline
+        --set demo_pretrain_steps=2000 --set learning_rate=5e-4 --set eval_every=2000 --force)
+expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_every=2000 --set demo_fraction=0.75)
+# shellcheck disable=SC2086  # $gen and $zoo are lists of names
+{
+  "$PY" -m dqn_swap train $gen "${common[@]}" --set demo_improve=search --set demo_fraction=0.5 -o "$out/td_search.pt"
+  "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" -o "$out/expert.pt"
+  "$PY" -m dqn_swap train $zoo "${common[@]}" "${expert[@]}" -o "$out/expert_narrow.pt"
+  "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set p=64 -o "$out/expert_p64.pt"
+}
+"$PY" benchmarks/bench_generalization.py --split validation --per-family 2 \
+    --agents shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt" \
+             expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" \
+    --json benchmarks/results/generalization_validation_ablation.json \
+    --md benchmarks/results/generalization_validation_ablation.md
