@@ -77,19 +77,35 @@ def action_nodes(env: SwapRecomputeEnv, actions: tuple[Action, ...] | list[Actio
     return np.array(sorted(n for n in nodes if n is not None), dtype=np.int64)
 
 
+class PlanTeacher:
+    """A plan as a teacher: at a state, the plan's actions still valid and not taken there
+    (:meth:`open`), and of those the one on the largest tensor (:meth:`action`), which covers the
+    excess with the fewest actions."""
+
+    def __init__(self, env: SwapRecomputeEnv, actions: tuple[Action, ...] | list[Action]) -> None:
+        self.nodes = action_nodes(env, actions)
+        self.size = env.trace.tensor_nbytes[env.graph.tensor[self.nodes]] if len(self.nodes) else np.zeros(0)
+
+    def open(self, state: DynamicState) -> np.ndarray:
+        """Which of :attr:`nodes` are valid and not yet taken in ``state`` (a mask)."""
+        return np.asarray(state.valid, dtype=bool)[self.nodes] & ~np.asarray(state.chosen, dtype=bool)[self.nodes]
+
+    def action(self, state: DynamicState) -> int | None:
+        """The plan's action at ``state``; None when the plan has none left there."""
+        open_ = self.open(state)
+        return int(self.nodes[open_][np.argmax(self.size[open_])]) if open_.any() else None
+
+
 def demonstration_episode(env: SwapRecomputeEnv, plan: Plan | list[Action]) -> list[DemoStep]:
     """Replay ``plan`` in ``env`` from a reset, one valid plan action per decision point."""
-    actions = plan.actions if isinstance(plan, Plan) else plan
-    nodes = action_nodes(env, actions)
-    size = env.trace.tensor_nbytes[env.graph.tensor[nodes]] if len(nodes) else np.zeros(0)
+    teacher = PlanTeacher(env, plan.actions if isinstance(plan, Plan) else plan)
     env.reset(seed=0)
     state = env.state()
     steps: list[DemoStep] = []
     while True:
-        open_ = np.asarray(state.valid, dtype=bool)[nodes] & ~np.asarray(state.chosen, dtype=bool)[nodes]
-        if not open_.any():
+        node = teacher.action(state)
+        if node is None:
             break
-        node = int(nodes[open_][np.argmax(size[open_])])
         _, reward, terminated, truncated, _ = env.step(node)
         next_state = env.state()
         steps.append(DemoStep(state, node, float(reward), next_state, bool(terminated), bool(truncated)))
@@ -137,16 +153,14 @@ def corrections(env: SwapRecomputeEnv, teacher: tuple[Action, ...] | list[Action
     replays) is tried and taken back, and that transition is kept.  A demonstration shows the
     teacher's states only; once the student strays it meets states no demonstration shows, and
     these steps are what it should have done there."""
-    nodes = action_nodes(env, teacher)
-    size = env.trace.tensor_nbytes[env.graph.tensor[nodes]] if len(nodes) else np.zeros(0)
+    plan = PlanTeacher(env, teacher)
     env.reset(seed=0)
     state = env.state()
     out: list[DemoStep] = []
     while True:
         a = int(policy(env))
-        open_ = np.asarray(state.valid, dtype=bool)[nodes] & ~np.asarray(state.chosen, dtype=bool)[nodes]
-        if open_.any() and a not in set(nodes[open_].tolist()):
-            label = int(nodes[open_][np.argmax(size[open_])])
+        label = plan.action(state)
+        if label is not None and a not in set(plan.nodes[plan.open(state)].tolist()):
             saved = env.snapshot()
             _, reward, terminated, truncated, _ = env.step(label)
             out.append(DemoStep(state, label, float(reward), env.state(), bool(terminated), bool(truncated)))
@@ -191,6 +205,6 @@ def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] | Non
     return episodes, info
 
 
-__all__ = ["DemoStep", "action_nodes", "best_demonstration", "corrections", "demonstration_episode",
+__all__ = ["DemoStep", "PlanTeacher", "action_nodes", "best_demonstration", "corrections", "demonstration_episode",
            "demonstrations", "demonstrators", "polished_episode", "replay_nodes"]
 

@@ -14,6 +14,9 @@ from dqn_swap.agents.dqn.planner import make_env
 from dqn_swap.simulator import simulate
 
 LIMIT = "30%"
+#: A training run of a few seconds that learns from demonstrations.
+TINY_RUN = dict(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
+                buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline")
 
 
 def test_a_replayed_plan_takes_only_its_own_actions_and_fits(tiny_resnet_trace):
@@ -64,9 +67,7 @@ def test_margin_loss_matches_a_dense_reference():
 
 
 def test_training_with_demonstrations_records_them_and_learns(tiny_resnet_trace, tmp_path):
-    config = DQNConfig(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
-                       buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline",
-                       demo_pretrain_steps=200)
+    config = DQNConfig(**TINY_RUN, demo_pretrain_steps=200)
     result = train(tiny_resnet_trace, LIMIT, tmp_path / "demo.pt", config, log_dir=None, progress=False)
     _, cfg, ckpt = load_agent(tmp_path / "demo.pt")
     assert cfg.demonstrations == "best-baseline"
@@ -94,9 +95,7 @@ def test_search_episode_transitions_are_the_environments_and_the_simulator_agree
 
 
 def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, tmp_path):
-    base = dict(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
-                buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline",
-                demo_pretrain_steps=200)
+    base = dict(TINY_RUN, demo_pretrain_steps=200)
     limits = ["50%", "35%"]
     demos = {}
     for improve in ("none", "search"):
@@ -135,9 +134,7 @@ def test_a_polished_episode_is_never_worse_than_its_plan_and_its_actions_replay(
 
 
 def test_expert_iteration_keeps_the_best_teacher_per_cell(tiny_resnet_trace, tmp_path):
-    base = dict(p=16, T=2, total_timesteps=300, learning_starts=100, eval_every=150, target_update=100,
-                buffer_size=5000, batch_size=16, train_frequency=2, demonstrations="best-baseline",
-                demo_pretrain_steps=100, demo_polish_simulations=300)
+    base = dict(TINY_RUN, demo_pretrain_steps=100, demo_polish_simulations=300)
     limits = ["50%", "35%"]
     demos = {}
     for improve in ("none", "polish"):
