@@ -50,9 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 # --------------------------------------------------------------------------- gpu
-def markdown(gpu: str, reports: list[dict[str, Any]]) -> str:
-    lines = [f"# Planned-execution runtime on {gpu}", "",
-             "| model | batch | limit | method | status | step ms | samples/s | peak allocated | peak reserved |",
+def markdown(gpu: str, reports: list[dict[str, Any]], result: dict[str, Any] | None = None) -> str:
+    lines = [f"# Planned-execution runtime on {gpu}", ""]
+    if result is not None:
+        lines += [f"`{result['command']}`  ", f"commit {result['commit']}"
+                  + (f" (modified: {', '.join(result['modified'])})" if result.get("modified") else "") + "  ",
+                  f"{result['machine']}, {result['date']}", ""]
+        if result.get("note"):
+            lines += [result["note"], ""]
+    lines += ["| model | batch | limit | method | status | step ms | samples/s | peak allocated | peak reserved |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         for name, m in r["methods"].items():
@@ -64,9 +70,12 @@ def markdown(gpu: str, reports: list[dict[str, Any]]) -> str:
                          f"{m['step_time_s'] * 1e3:.1f} | {m['throughput']:.1f} | "
                          f"{m.get('peak_allocated', 0) / 2**30:.2f} GiB | "
                          f"{m.get('peak_reserved', 0) / 2**30:.2f} GiB |")
-    lines += ["", "| model | plan | within limit | vs unplanned | vs checkpoint | vs save_on_cpu | "
+    lines += ["", "| model | plan | within limit | vs unplanned | vs torch-checkpoint | vs save_on_cpu | "
                   "measured overhead | predicted overhead | step-time error |", "|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
+        if "error" in r:
+            lines.append(f"| {r['model']} | not planned at {r['memory_limit']}: {r['error']} | | | | | | | |")
+            continue
         c = r.get("comparison", {})
 
         def f(key: str, fmt: str = "{:.3f}") -> str:
@@ -75,7 +84,7 @@ def markdown(gpu: str, reports: list[dict[str, Any]]) -> str:
 
         lines.append(f"| {r['model']} | {r['plan']['planner']}: {r['plan']['swaps']} swaps, "
                      f"{r['plan']['recomputes']} recomputes | {c.get('planned_peak_within_limit')} | "
-                     f"{f('throughput_vs_unplanned')} | {f('throughput_vs_checkpoint')} | "
+                     f"{f('throughput_vs_unplanned')} | {f('throughput_vs_torch-checkpoint')} | "
                      f"{f('throughput_vs_save_on_cpu')} | {f('measured_overhead')} | {f('predicted_overhead')} | "
                      f"{f('simulator_step_time_error')} |")
     return "\n".join(lines) + "\n"
@@ -89,24 +98,32 @@ def gpu(args: argparse.Namespace) -> int:
         return 2
     from dqn_swap.cli.experiment import METHODS, run_planned_training
 
-    name_gpu = torch.cuda.get_device_name()
-    limit = args.limit
-    reports = []
-    for item in args.models.split(","):
-        name, batch = split_model_spec(item)
-        print(f"[bench] {name} batch {batch}", file=sys.stderr, flush=True)
-        reports.append(run_planned_training(
-            name, int(batch or 32), limit, args.planner, args.steps, "cuda",
-            max_batch_methods=METHODS if args.max_batch else (),
-            progress=lambda m: print(f"[bench]   {m}", file=sys.stderr, flush=True)))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "_", name_gpu.lower()).strip("_")
     from common import provenance
     from machine import relative_paths
 
-    result = relative_paths({**provenance(), "gpu": name_gpu, "reports": reports})
-    write_text(RESULTS / f"runtime_{slug}.json", json.dumps(result, indent=1, default=str) + "\n", overwrite=True)
-    write_text(RESULTS / f"runtime_{slug}.md", markdown(name_gpu, reports), overwrite=True)
+    from dqn_swap.limits import MemoryLimitError
+
+    name_gpu = torch.cuda.get_device_name()
+    out = Path(args.out) if args.out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "_", name_gpu.lower()).strip("_")
+    reports: list[dict[str, Any]] = []
+    for item in args.models.split(","):
+        name, batch = split_model_spec(item)
+        print(f"[bench] {name} batch {batch}", file=sys.stderr, flush=True)
+        try:
+            reports.append(run_planned_training(
+                name, int(batch or 32), args.limit, args.planner, args.steps, "cuda",
+                max_batch_methods=METHODS if args.max_batch else (),
+                progress=lambda m: print(f"[bench]   {m}", file=sys.stderr, flush=True)))
+        except MemoryLimitError as e:  # this model cannot be planned at this limit: say so, go on
+            print(f"[bench]   {e}", file=sys.stderr, flush=True)
+            reports.append({"model": name, "batch_size": int(batch or 32), "memory_limit": args.limit,
+                            "error": str(e), "methods": {}})
+        # written after every model, so that a run cut short keeps what it measured
+        result = relative_paths({**provenance(), "gpu": name_gpu, "reports": reports})
+        write_text(out / f"runtime_{slug}.json", json.dumps(result, indent=1, default=str) + "\n", overwrite=True)
+        write_text(out / f"runtime_{slug}.md", markdown(name_gpu, reports, result), overwrite=True)
     print(markdown(name_gpu, reports))
     return 0
 
@@ -442,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     g = sub.add_parser("gpu", help="planned training on a CUDA GPU beside the alternatives")
     g.add_argument("--models", default="resnet50:64,gpt:8", help="name:batch pairs, comma-separated")
-    g.add_argument("--limit", default="0.5x", help="memory limit (default 0.5x: half the unplanned peak)")
+    g.add_argument("--limit", default="0.5x",
+                   help="memory limit (default 0.5x: half the unplanned peak; a model whose minimum is above it is "
+                        "reported as such; 50%%: halfway from the trace's minimum to its peak, always plannable)")
+    g.add_argument("--out", help="folder of the result files (default benchmarks/results)")
     g.add_argument("--planner", default="greedy")
     g.add_argument("--steps", type=int, default=10)
     g.add_argument("--max-batch", action="store_true", help="also search the largest batch under the limit")

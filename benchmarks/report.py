@@ -366,7 +366,11 @@ def s_gpu() -> tuple[str, list[str]]:
     if not stems:
         return "No GPU measurement is recorded yet: `python benchmarks/bench_runtime.py --steps 10 --planner dqn " \
                "--max-batch` on a CUDA machine writes `benchmarks/results/runtime_<gpu>.{json,md}`.", []
-    return "\n\n".join(tables_of((RESULTS / f"{s}.md").read_text()) for s in stems), stems
+    parts = []
+    for s in stems:
+        note = load(s).get("note")
+        parts.append((f"{note}\n\n" if note else "") + tables_of((RESULTS / f"{s}.md").read_text()))
+    return "\n\n".join(parts), stems
 
 
 BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {

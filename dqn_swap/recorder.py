@@ -985,6 +985,16 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         if time_ops:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
+            # What the process holds on the device as the iteration starts: the trace's state
+            # (``initial_bytes``), the last iteration's gradients where the iteration's zero_grad drops
+            # them (outside the trace: gone before its first op), and whatever else lives there
+            # (another model, a caller's tensors, cuBLAS's workspaces), which the allocator's peak
+            # counts and the trace does not.
+            allocated_at_start = int(torch.cuda.memory_allocated(device))
+            if recorded == 0:
+                grads = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+                         for g in (q.grad for q in model.parameters()) if g is not None and g.is_cuda}
+                allocated_at_start -= sum(grads.values())
         timeline = AllocatorTimeline() if last and device.type == "cpu" else contextlib.nullcontext()
         with _recording_failure(), timeline:
             _iteration(model, example_inputs, loss_fn, opt, recorder, zero_grad=recorded == 0,
@@ -1032,7 +1042,8 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         else:  # the graph changed between iterations (stochastic depth): keep the last one's times
             measured = durations[-1]
         trace = trace.with_durations(_collective_times(measured, recorder, profile), timing="cuda-events",
-                                     max_memory_allocated=recorder.iteration_peak)
+                                     max_memory_allocated=recorder.iteration_peak,
+                                     outside_bytes=max(0, allocated_at_start - trace.initial_bytes))
     else:
         times = profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0)
         trace = trace.with_durations(_collective_times(times, recorder, profile), timing="roofline")

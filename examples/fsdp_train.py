@@ -141,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         # On the CPU a free made on gloo's worker thread is not on the profiler's timeline, so a step's
         # timeline may read high: the least of the steps' peaks is reported (docs/fsdp.md).
         measured = trace.initial_bytes + min(peaks)
+        # one write of the whole line: the ranks share the terminal, and print's separate write of the
+        # newline lets another rank's line in between
         print(f"rank {rank}/{world} {device.type}: trace {trace.n_ops} ops, peak {format_bytes(trace.peak_bytes)}; "
               f"plan {plan.planner}: {plan.n_swap} swaps, {plan.n_recompute} recomputes, limit "
               f"{format_bytes(plan.memory_limit)}, feasible {bool(plan.figures.get('feasible'))}; planned peak "
               f"{format_bytes(predicted)}, measured {format_bytes(measured)}; losses "
-              f"{' '.join(f'{v:.4f}' for v in losses)}", flush=True)
+              f"{' '.join(f'{v:.4f}' for v in losses)}\n", end="", flush=True)
     finally:
         dist.destroy_process_group()
     return 0

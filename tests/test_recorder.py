@@ -174,8 +174,11 @@ def test_cuda_peak_matches_max_memory_allocated(name, batch):
 
     w = build_workload(name, batch, "cuda")
     t = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device="cuda", iterations=3)
-    measured = t.meta["max_memory_allocated"]
-    assert abs(t.peak_bytes - measured) <= 0.05 * measured, (t.peak_bytes, measured)
+    # The allocator's peak counts all the process holds on the device (cuBLAS's workspaces, tensors an
+    # earlier test left there); the trace counts its own state and what the iteration makes.
+    outside = t.meta["outside_bytes"]
+    measured = t.meta["max_memory_allocated"] - outside
+    assert abs(t.peak_bytes - measured) <= 0.05 * measured, (t.peak_bytes, measured, outside)
     assert t.meta["timing"] == "cuda-events" and (t.op_duration > 0).all()
 
 

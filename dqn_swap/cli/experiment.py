@@ -525,13 +525,23 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
     for i in range(iterations):
         optimizer.zero_grad(set_to_none=True)
         timeline = AllocatorTimeline()
-        with timeline:
-            with runtime if runtime is not None else nullcontext():
-                out = model(*inputs)
-                loss = loss_fn(out)
-                loss.backward()
-            optimizer.step()
-            del out, loss
+        # The garbage collector stays still while an iteration is measured: a collection of
+        # reference cycles left by earlier work runs when enough Python objects were made, so it would
+        # free their tensors inside one iteration or another depending on what ran before.
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with timeline:
+                with runtime if runtime is not None else nullcontext():
+                    out = model(*inputs)
+                    loss = loss_fn(out)
+                    loss.backward()
+                optimizer.step()
+                del out, loss
+        finally:
+            if collecting:
+                gc.enable()
         if i == iterations - 1:
             peak = timeline.peak  # type: ignore[union-attr]
     return int(baseline) + int(peak)

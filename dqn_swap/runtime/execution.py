@@ -46,7 +46,13 @@ Swap (:mod:`.swap`)
 The pack hook copies the whole storage into a pooled host buffer on a side
 stream and returns a handle, so autograd no longer holds the device memory;
 the runtime keeps the device bytes until the copy has completed, and bounds
-the bytes in such copies at the most the simulator had.  A swapped input (the
+the bytes in such copies at the most the simulator had.  The host waits for a
+copy out where the simulation counts its bytes free
+(:func:`dqn_swap.simulator.swap_out_releases`, the last pack or unpack before
+that op): a host that ran ahead of the device would otherwise allocate for
+later ops while the copies still hold their sources, and the caching
+allocator's peak would be far above the plan's (on an H100, ResNet-50 at batch
+64 planned for 2.59 GiB peaked at 4.60 GiB, unplanned 5.18).  A swapped input (the
 batch, the labels) is the caller's storage: it is emptied only while nothing
 outside autograd and the runtime holds it, so whatever the training loop reads
 between forward and backward is whole; one the loop holds frees nothing (one
@@ -89,7 +95,7 @@ from ..plan import Plan
 from ..support import COMPILED_STEP, fsdp_param_groups, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
 from .backend import Backend, backend_for
-from .index import NO_OP, PROGRESS, RECOMPUTE, SIZE_QUANTUM, SWAP, TRACK, PlanIndex, build_index
+from .index import NO_OP, PROGRESS, RECOMPUTE, SIZE_QUANTUM, SWAP, TRACK, PlanIndex, build_index, with_releases
 from .recompute import OpRecorder, RecomputeError, RecordMode, TraceMismatchError, view_of
 from .swap import SwapGroup, Swapper
 
@@ -130,7 +136,8 @@ def enable_expandable_segments() -> bool:
     """
     if not torch.cuda.is_available():
         return False
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.10; the old one warns
+    (settings or torch.cuda.memory._set_allocator_settings)("expandable_segments:True")
     return True
 
 
@@ -228,6 +235,8 @@ class IterationStats:
     read_before_copied_out: int = 0  # needed while its copy out still ran: read from the device bytes held
     deferred_prefetches: int = 0  # a prefetch waited for its copy out, or for device memory
     bound_waits: int = 0  # copies out that waited for older ones (the in-flight bound)
+    release_waits: int = 0  # copies out the host waited for, to free their bytes where the plan does
+    release_wait_seconds: float = 0.0  # host time spent in those waits
     hooks_off_after: int = -1  # an empty plan: the pack after which the hooks came off (else on throughout)
     held_inputs: int = 0  # swapped inputs the training loop held through the forward pass: not emptied
     held_inputs_skipped: int = 0  # swapped inputs not copied: held in an earlier iteration (HeldInputWarning)
@@ -267,6 +276,10 @@ class _Iteration:
         self.sequences_done: set[int] = set()
         self.position = -1  # op reached (trace op index)
         self.prefetch_ptr = 0
+        self.outside_bytes = 0  # device bytes allocated outside the trace as the iteration began
+        self.release_ptr = 0  # into index.release_ops: the copies out waited for so far
+        self.release_next = rt.index.release_ops[0] if rt.index.release_ops else NO_OP
+        self.late_releases: set[int] = set()  # due before their copy out even started: waited for then
         self.where: tuple[str, int] = ("forward", -1)
         self.recorder = OpRecorder(self) if rt.index.record_ops else None
         self.record_ops = rt.index.record_ops
@@ -315,15 +328,66 @@ class _Iteration:
         if f == 0:
             if k == self.n_saved - 1:
                 self.end_of_forward()
+            if self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]:
+                self.paused = True
+                try:
+                    with torch.no_grad():
+                        self.enforce_releases(self.index.pack_horizon[k])
+                finally:
+                    self.paused = False
             return t.detach() if t.requires_grad else t  # see check_pack
         self.where = ("pack", k)
         self.paused = True
         try:
             with torch.no_grad():
                 packed = self._pack(t, k, f)
+                if self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]:
+                    self.enforce_releases(self.index.pack_horizon[k])
         finally:
             self.paused = False
         return packed
+
+    def enforce_releases(self, horizon: int) -> None:
+        """Free now the device bytes of every swapped tensor the simulation counts as free by op
+        ``horizon`` (:func:`dqn_swap.simulator.swap_out_releases`), waiting on the host for copies
+        out still running.
+
+        Sync: the plan's memory is the simulator's, in which a swapped tensor's bytes are free once
+        its copy out has ended and an op that needs them waits for that.  The caching allocator
+        counts on the host's timeline, and a host that runs ahead of the device (CUDA queues kernels
+        and returns) would allocate for later ops while the copies still hold their sources: the
+        peak would be the unplanned one, whatever the plan.  So the host waits here, at the last
+        point of control before the op that counts on the bytes (the horizon, index.with_releases).
+        A tensor whose copy out has not started yet (saved later than the simulator swaps it) is
+        waited for right after its copy starts (``late_releases``).
+        """
+        ops, tids = self.index.release_ops, self.index.release_tids
+        i, n = self.release_ptr, len(ops)
+        waited = False
+        while i < n and ops[i] <= horizon:
+            groups = self.groups_by_tid.get(tids[i])
+            if groups is None:
+                self.late_releases.add(tids[i])
+            else:
+                for g in groups:
+                    waited |= self.wait_copy_out(g)
+            i += 1
+        self.release_ptr = i
+        self.release_next = ops[i] if i < n else NO_OP
+        if waited:
+            self.stats.released_after_copy += self.swapper.poll()
+
+    def wait_copy_out(self, g: SwapGroup) -> bool:
+        """Block the host until ``g``'s copy out has ended (see :meth:`enforce_releases`); returns
+        whether its device bytes are now ready to be released."""
+        if g.source is None or g.d2h_event is None:
+            return False
+        if not g.d2h_event.query():
+            start = time.perf_counter()
+            g.d2h_event.synchronize()
+            self.stats.release_waits += 1
+            self.stats.release_wait_seconds += time.perf_counter() - start
+        return True
 
     def check(self, k: int, t: torch.Tensor) -> None:
         """The live check: what autograd saves at pack ``k`` must be what the recorder saw there
@@ -456,6 +520,8 @@ class _Iteration:
                             "that owns its memory, e.g. batch.clone()")
                     self.swapper.swap_out(group, storage, borrowed=borrowed)
                     self.stats.swapped += 1
+                    if tid in self.late_releases and self.wait_copy_out(group):
+                        self.stats.released_after_copy += self.swapper.poll()
                     if borrowed:
                         group.watch = weakref.ref(t)  # if it stays the caller's: backward checks its version
                         self.stats.borrowed_inputs += 1
@@ -534,7 +600,7 @@ class _Iteration:
                     break
             need = sum(g.nbytes for g in groups)
             allocated = swapper.backend.memory_allocated() if need else None
-            if allocated is not None and allocated + need > rt.memory_limit:
+            if allocated is not None and allocated - self.outside_bytes + need > rt.memory_limit:
                 self.stats.deferred_prefetches += 1  # the device is fuller than planned: wait for room
                 break
             for g in groups:
@@ -559,6 +625,8 @@ class _Iteration:
                 fb = self.unpack_position[packed.index]  # the op about to run: the node's first
                 if fb != NO_OP and fb > self.position:
                     self.position = fb
+                if self.release_next != NO_OP:
+                    self.enforce_releases(self.index.unpack_horizon[packed.index])
                 self.issue_prefetches()
                 if packed.kind == KEEP:
                     return packed.ref
@@ -789,6 +857,11 @@ class PlannedExecution:
         bound = max_inflight_bytes if max_inflight_bytes is not None else max(self.index.max_inflight_d2h_bytes,
                                                                               largest)
         self.swapper = Swapper(self.backend, bound)
+        if self.backend.asynchronous and self.index.swap:
+            from ..simulator import swap_out_releases
+
+            # Where the simulation frees each swapped tensor's bytes (_Iteration.enforce_releases)
+            with_releases(self.index, swap_out_releases(trace, plan))
         # Per pack: dtype and shape (None: unknown) and the storage's bytes, ``below < nbytes <= size``.
         # A trace recorded on CUDA stores sizes in the allocator's 512-byte blocks, one recorded on the
         # CPU or meta the storage's own bytes, compared exactly.
@@ -824,6 +897,16 @@ class PlannedExecution:
         self.swapper.poll()
         it = _Iteration(self)
         self._it = it
+        allocated = self.backend.memory_allocated() if self.plan.actions else None
+        if allocated is not None:
+            # What the device holds beside the trace's own state as the iteration begins (cuBLAS's
+            # workspaces, another model): the prefetch check compares the trace's bytes with the limit.
+            # Gradients still alive are not counted as outside (the trace may not hold them): a
+            # smaller estimate only makes the check stricter.
+            grads = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+                     for g in (p.grad for p in (self.model.parameters() if self.model is not None else ()))
+                     if g is not None and g.device.type == self.device.type}
+            it.outside_bytes = max(0, allocated - self.trace.initial_bytes - sum(grads.values()))
         if not self.plan.actions:
             # nothing to do but check the first pack (check_pack): the saved tensors go to autograd
             if it.n_saved:

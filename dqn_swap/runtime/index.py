@@ -94,6 +94,13 @@ class PlanIndex:
     windows: tuple[Window, ...] = ()
     written_in_forward: frozenset[int] = frozenset()  # persistent tensors some forward op writes
     max_inflight_d2h_bytes: int = 0
+    # The copies out a runtime on an asynchronous device waits for (:func:`with_releases`): swapped
+    # tensors by the op from which the simulation counts their bytes free, in that order; per pack
+    # and per unpack, the last op whose releases must be done there (the next point of control)
+    release_ops: list[int] = field(default_factory=list)
+    release_tids: list[int] = field(default_factory=list)
+    pack_horizon: list[int] = field(default_factory=list)
+    unpack_horizon: list[int] = field(default_factory=list)
 
     @property
     def n_saved(self) -> int:
@@ -265,5 +272,34 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
                      max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes))
 
 
+def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
+    """``index`` with the copies out to wait for (:func:`dqn_swap.simulator.swap_out_releases`:
+    swapped tensor -> the op from which the plan counts its bytes free).
+
+    The runtime learns how far the iteration has come only at packs (forward) and unpacks
+    (backward); between two such points the ops run without it.  So the releases due at any op
+    up to the next point are done at the point before it: the *horizon* of a pack or an unpack
+    is the first point after its own op (``trace.n_ops`` after the last; every op where the
+    trace does not know where its packs happen).
+    """
+    trace = index.trace
+    n = trace.n_ops
+    order = sorted((op, tid) for tid, op in releases.items() if tid in index.swap)
+    anchors = np.asarray(index.pack_position, dtype=np.int64)
+    unpacks = np.asarray(index.unpack_position, dtype=np.int64)
+    points = np.unique(np.concatenate([anchors[anchors >= 0], unpacks[(unpacks >= 0) & (unpacks != NO_OP)]]))
+
+    def horizon(ops: np.ndarray) -> list[int]:
+        j = np.searchsorted(points, ops, side="right")
+        h = np.where(j < len(points), points[np.minimum(j, len(points) - 1)] if len(points) else n, n)
+        return np.where((ops < 0) | (ops == NO_OP), n, h).astype(np.int64).tolist()
+
+    index.release_ops = [op for op, _ in order]
+    index.release_tids = [tid for _, tid in order]
+    index.pack_horizon = horizon(anchors)
+    index.unpack_horizon = horizon(unpacks)
+    return index
+
+
 __all__ = ["NO_OP", "PROGRESS", "RECOMPUTE", "SIZE_QUANTUM", "SWAP", "TRACK", "OpInfo", "PlanIndex",
-           "Window", "build_index", "round_size"]
+           "Window", "build_index", "round_size", "with_releases"]

@@ -317,17 +317,19 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
         return _result(sim, False, stuck.time, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                             bytes_d2h, bytes_h2d, peak, peak_op, prep,
                             Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
-                            tl_t, tl_b, prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts)
+                            tl_t, tl_b, prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts,
+                            d2h_end=d2h_end)
     makespan = sim.compute_time + (t - L.oend[-1]) if n_ops else 0.0
     if first_stuck:  # overcommit mode: the whole iteration, but it did not fit
         stuck = first_stuck[0]
         return _result(sim, False, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                             bytes_d2h, bytes_h2d, peak, peak_op, prep,
                             Infeasibility(stuck.op, int(stuck.needed), int(stuck.available), stuck.reason),
-                            tl_t, tl_b, whole=True, prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts)
+                            tl_t, tl_b, whole=True, prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts,
+                            d2h_end=d2h_end)
     return _result(sim, True, makespan, st_swap, st_pf, st_rec, ph_stall, recompute_ops,
                         bytes_d2h, bytes_h2d, peak, peak_op, prep, None, tl_t, tl_b,
-                        prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts)
+                        prefetch_log=prefetch_log, max_pending=max_pending, op_starts=op_starts, d2h_end=d2h_end)
 
 
 
@@ -336,7 +338,7 @@ def _result(sim: Simulator, feasible: bool, makespan: float, st_swap: float, st_
             peak: int, peak_op: int, prep: Analysis, infeasible: Infeasibility | None,
             tl_t: list[float] | None, tl_b: list[int], whole: bool = False,
             prefetch_log: list[tuple[int, int]] | None = None, max_pending: int = 0,
-            op_starts: list[float] | None = None) -> SimResult:
+            op_starts: list[float] | None = None, d2h_end: dict[int, float] | None = None) -> SimResult:
     timeline = op_start = None
     if tl_t is not None:
         times, values = np.asarray(tl_t, dtype=np.float64), np.asarray(tl_b, dtype=np.int64)
@@ -344,7 +346,10 @@ def _result(sim: Simulator, feasible: bool, makespan: float, st_swap: float, st_
         keep[1:-1] = values[1:-1] != values[:-2]  # drop points that change nothing; keep the end
         timeline = (times[keep], values[keep])
         op_start = np.asarray(op_starts, dtype=np.float64)
-    return make_result(feasible, whole, makespan, sim.compute_time, st_swap, st_pf, st_rec, ph_stall,
-                       bytes_d2h, bytes_h2d, peak, peak_op, sim.memory_limit, sim.lower_bound, infeasible,
-                       timeline, op_start, tuple(prep.ignored), tuple(recompute_ops), prep.need,
-                       (prefetch_log or (), prep.sequences, max_pending, sim.lists.alloc))
+    r = make_result(feasible, whole, makespan, sim.compute_time, st_swap, st_pf, st_rec, ph_stall,
+                    bytes_d2h, bytes_h2d, peak, peak_op, sim.memory_limit, sim.lower_bound, infeasible,
+                    timeline, op_start, tuple(prep.ignored), tuple(recompute_ops), prep.need,
+                    (prefetch_log or (), prep.sequences, max_pending, sim.lists.alloc))
+    if tl_t is not None and d2h_end is not None:
+        r.__dict__["swap_out_end"] = dict(d2h_end)
+    return r

@@ -106,6 +106,8 @@ class SimResult:
     # what the schedule is made of: (prefetch starts, re-run sequences by op, most bytes in copies out,
     # producer per tensor), or a function that returns them
     schedule_parts: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+    # with ``run(..., timeline=True)``: per swapped tensor, when its copy to the host ended
+    swap_out_end: dict[int, float] | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def schedule(self) -> Schedule | None:

@@ -373,6 +373,28 @@ def schedule_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None = None
     return plan.with_schedule(result.schedule)
 
 
+def swap_out_releases(trace: Trace, plan: Plan, profile: DeviceProfile | None = None) -> dict[int, int]:
+    """Per swapped tensor of ``plan`` (scheduled, for ``trace``), the op from which the simulation
+    counts its device bytes as free: the first op to start at or after its copy to the host ended
+    (an op stalled for that copy starts when it ends, so it is that op); ``trace.n_ops`` for a copy
+    that ended after the last op started.
+
+    What a runtime on an asynchronous device follows so that its memory is the plan's: it frees
+    the bytes no later than this op allocates, waiting for the copy where the device is behind
+    (:mod:`dqn_swap.runtime.execution`).  The simulation is the reference engine's, with its
+    timeline, under the plan's limit and profile (or ``profile``).
+    """
+    result = simulate(trace, plan, profile=profile, timeline=True)
+    starts, ends = result.op_start, result.swap_out_end or {}
+    assert starts is not None
+    if not ends:
+        return {}
+    tensors = np.fromiter(ends, dtype=np.int64, count=len(ends))
+    ops = np.searchsorted(starts, np.fromiter(ends.values(), dtype=np.float64, count=len(ends)), side="left")
+    ops[ops >= len(starts)] = trace.n_ops
+    return dict(zip(tensors.tolist(), ops.tolist()))
+
+
 def instant_copy_peak(trace: Trace, plan: Plan, result: SimResult | None = None) -> int:
     """The peak a synchronous runtime (the CPU) holds when it follows ``plan``: the most of
     :meth:`Simulator.instant_copy_memory` under the plan's schedule (``result``: its simulation,

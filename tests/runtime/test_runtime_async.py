@@ -51,9 +51,14 @@ def test_random_delays(seed: int) -> None:
     backend.close()
 
 
-def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped() -> None:
+def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """Copies out take long and the limit is generous: every prefetch falls due at once, before the
-    copies out have completed.  They wait at the head of the queue and start later."""
+    copies out have completed.  They wait at the head of the queue and start later.  (The host
+    waits for no copy out here: with the plan's releases enforced it would wait for them all
+    before any prefetch falls due, and this path would not run.)"""
+    import dqn_swap.simulator
+
+    monkeypatch.setattr(dqn_swap.simulator, "swap_out_releases", lambda trace, plan: {})
     name = "resnet_tiny"
     trace = trace_of(name)
     plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
@@ -129,6 +134,76 @@ def test_a_dropped_graph_returns_a_swapped_input_only_after_its_copy_back() -> N
     assert backend.violations == []
     assert torch.equal(again, expected) and torch.equal(batch, expected)
     backend.close()
+
+
+def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True) -> tuple[int, int, int, object]:
+    """The measured peak (the CPU allocator's timeline, steady state) of ``planner``'s plan at ``limit``
+    on a stand-in device whose copies take 20 ms each: far behind the host, as a GPU's copies are
+    behind a host that queues kernels and returns; with the plan's releases enforced or not."""
+    import dqn_swap.simulator as sim
+    from dqn_swap.agents import get_planner
+    from dqn_swap.cli.experiment import measured_cpu_peak
+    from dqn_swap.trace import resolve_memory_limit
+
+    trace = trace_of(name)
+    plan = get_planner(planner).plan(trace, resolve_memory_limit(trace, limit))
+    w = MODELS[name]()
+    opt = w.make_optimizer(w.model.parameters())
+    backend = StandInBackend(delay=0.02)
+    find = sim.swap_out_releases
+    try:
+        if not releases:
+            sim.swap_out_releases = lambda trace, plan: {}
+        rt = PlannedExecution(w.model, plan, trace, backend=backend)
+    finally:
+        sim.swap_out_releases = find
+    measured = measured_cpu_peak(w.model, w.inputs, w.loss_fn, opt, rt, trace.initial_bytes)
+    backend.close()
+    assert backend.violations == []
+    return measured, plan.memory_limit, sim.simulate(trace, plan).peak_bytes, rt.stats
+
+
+@pytest.mark.parametrize("name,planner,limit", [("resnet_tiny", "greedy", "50%"), ("gpt_tiny", "greedy", "30%"),
+                                                ("resnet_tiny", "lru", "30%")])
+def test_late_copies_keep_the_plans_peak(name: str, planner: str, limit: str) -> None:
+    """The host waits for the copies out that the plan counts as done: the measured peak is the
+    simulated one, under the limit, however late the copies run."""
+    measured, limit_bytes, simulated, stats = late_copy_peak(name, planner, limit)
+    assert measured <= simulated <= limit_bytes
+    assert stats.release_waits > 0  # the copies were late: the host had to wait
+
+
+def test_without_the_releases_late_copies_break_the_limit() -> None:
+    """The control: a host that never waits for a copy out holds the sources of late copies while it
+    allocates for the next ops, and the peak goes above the limit (what an H100 showed)."""
+    measured, limit_bytes, _, stats = late_copy_peak("resnet_tiny", "greedy", "50%", releases=False)
+    assert measured > limit_bytes and stats.release_waits == 0
+
+
+class _FullDevice(StandInBackend):
+    """A stand-in whose allocator reports a gigabyte beside the model's state (another model, library
+    workspaces) and nothing else."""
+
+    def __init__(self, base: int, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.base = base
+
+    def memory_allocated(self) -> int:
+        return self.base + 2**30
+
+
+def test_memory_outside_the_trace_does_not_hold_prefetches_back() -> None:
+    """The prefetch check counts the trace's bytes against the limit: what the device held outside
+    the trace as the iteration began is taken out, so prefetches start as on a device without it."""
+    name = "resnet_tiny"
+    trace = trace_of(name)
+    plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
+    empty, busy = StandInBackend(delay=0.0), _FullDevice(trace.initial_bytes, delay=0.0)
+    plain = train_on(empty, name, plan, steps=2).runtime.stats
+    full = train_on(busy, name, plan, steps=2).runtime.stats
+    assert full.prefetches == plain.prefetches > 0
+    assert full.on_demand_fetches == plain.on_demand_fetches
+    empty.close(), busy.close()
 
 
 def test_many_copies_in_flight_are_bounded() -> None:
