@@ -24,6 +24,8 @@ from dqn_swap.runtime import PlannedExecution
 from dqn_swap.simulator import Simulator, instant_copy_peak, simulate
 from dqn_swap.trace import Role, resolve_memory_limit
 
+from .fresh import fresh_process
+
 
 class Held(nn.Module):
     """``h`` is saved by ``fc2`` (its last forward use) but the frame keeps it through ``fc3``."""
@@ -188,6 +190,7 @@ class _KeepGradients:
         self.sgd.step()
 
 
+@fresh_process
 def test_a_view_gradient_is_summed_out_of_place_as_in_training() -> None:
     """The engine sums two gradients in place only into one whose storage it holds alone; a linear
     layer's weight gradient is a view (``mm(...).t()``), so its first sum makes a new tensor.  The
@@ -220,6 +223,7 @@ class Scalars(nn.Module):
         return self.fc2(h - ids.sum())
 
 
+@fresh_process
 def test_wrapped_numbers_and_constants_are_counted_where_they_live() -> None:
     """Before: the constant was counted as alive before the iteration (in ``initial_bytes``, and
     allocated again on the timeline) and every wrapped number was missing from its op: the
@@ -266,6 +270,7 @@ def _edges(gen: torch.Generator):  # noqa: ANN202
         torch.randint(0, 4, (600,), generator=gen)
 
 
+@fresh_process
 def test_a_zero_filled_gradient_is_filled_in_place_as_in_training() -> None:
     """Outside a dispatch mode these formulas fill the zero tensor in place; under one every tensor is
     "subclass-like" and they call the out-of-place form, which the recorder saw: one node-feature-sized
@@ -316,6 +321,7 @@ def _halved_mean(out: tuple[torch.Tensor, torch.Tensor], target: None) -> torch.
     return out[1].mean() / 2  # the 2 is saved too, until DivBackward0 runs
 
 
+@fresh_process
 def test_numbers_autograd_saves_live_until_backward_and_no_gradient_is_held_longer() -> None:
     """Before: the saved 0.5 and the ``/ 2`` were their ops' scratch only, so the measured peak (in
     backward, before ``MulBackward0`` ran) was 8 bytes above the trace's, and the per-sample losses'

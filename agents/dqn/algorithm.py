@@ -99,14 +99,29 @@ def margin_loss(q: torch.Tensor, valid: torch.Tensor, batch: torch.Tensor, offse
     return (best[rows] - q[offsets[rows] + actions[rows]]).mean()
 
 
+def imitation_loss(q: torch.Tensor, valid: torch.Tensor, batch: torch.Tensor, offsets: torch.Tensor,
+                   actions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the demonstrated action under the softmax of Q over each state's valid
+    actions, for the graphs ``rows`` of a batch: mean of ``log sum_a exp Q(s, a) - Q(s, a_E)``,
+    the sum over valid actions (``demo_loss="cross_entropy"``, ours)."""
+    n = len(offsets)
+    masked = torch.where(valid, q, torch.full_like(q, -torch.inf))
+    top = scatter(masked, batch, dim=0, dim_size=n, reduce="max").detach()
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    mass = scatter(torch.where(valid, torch.exp(q - top[batch]), torch.zeros_like(q)), batch, dim=0, dim_size=n,
+                   reduce="sum")
+    lse = top + torch.log(mass)
+    return (lse[rows] - q[offsets[rows] + actions[rows]]).mean()
+
+
 def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: ReplayBuffer,
               optimizer: torch.optim.Optimizer, config: DQNConfig, beta: float,
               demo_rb: ReplayBuffer | None = None) -> tuple[float, float, float]:
     """One gradient step on Eq. 4 over a replay mini-batch; returns (TD loss, mean Q, margin loss).
 
     With ``demo_rb`` (demonstrations), ``demo_fraction`` of the batch comes from it (all of it
-    while ``rb`` is empty: pre-training), and :func:`margin_loss` on those samples, times
-    ``demo_weight``, joins the TD loss.
+    while ``rb`` is empty: pre-training), and :func:`margin_loss` (or :func:`imitation_loss`, by
+    ``demo_loss``) on those samples, times ``demo_weight``, joins the TD loss.
     """
     n_demo = 0
     if demo_rb is not None and len(demo_rb):
@@ -146,7 +161,10 @@ def td_update(q_net: QNetwork, target_net: QNetwork, batcher: GraphBatcher, rb: 
     margin = torch.zeros(())
     if n_demo:
         rows = torch.arange(n_main, n_main + n_demo)
-        margin = margin_loss(q, batcher.valid_mask(items), node_batch, off, actions, rows, config.demo_margin)
+        if config.demo_loss == "cross_entropy":
+            margin = imitation_loss(q, batcher.valid_mask(items), node_batch, off, actions, rows)
+        else:
+            margin = margin_loss(q, batcher.valid_mask(items), node_batch, off, actions, rows, config.demo_margin)
         loss = loss + config.demo_weight * margin
     optimizer.zero_grad()
     loss.backward()

@@ -39,7 +39,10 @@ class DQNConfig:
     training cell into a replay memory kept for the whole run; ``demo_pretrain_steps``
     updates on it alone come first, then ``demo_fraction`` of every mini-batch is drawn
     from it, with the large-margin loss (margin ``demo_margin``, weight ``demo_weight``)
-    on those samples.  ``"none"``: the paper's learner.
+    on those samples.  ``"none"``: the paper's learner.  ``demo_loss="cross_entropy"``
+    (ours) imitates by cross-entropy instead: the softmax of Q over the state's valid
+    actions, against the demonstrated one, so that every other action is pushed below it,
+    not only the best one by a margin.
 
     Search as the improvement operator (ours, in the spirit of expert iteration): with
     ``demo_improve="search"`` every evaluation also plans each training cell with the
@@ -105,6 +108,7 @@ class DQNConfig:
     demonstrations: str = "none"
     demo_fraction: float = 0.25
     demo_margin: float = 0.8
+    demo_loss: str = "margin"
     demo_weight: float = 1.0
     demo_pretrain_steps: int = 0
     demo_improve: str = "none"
@@ -157,6 +161,7 @@ _RULES: dict[str, Any] = {
     "n_step": (int, 1, 1000), "double_q": bool, "prioritized": bool, "per_alpha": (float, 0, 1),
     "per_beta": (float, 0, 1), "mask_target": bool, "eval_every": (int, 1, 10**9), "seed": (int, 0, 2**63 - 1),
     "demonstrations": ("none", "best-baseline"), "demo_fraction": (float, 0, 1), "demo_margin": (float, 0, None),
+    "demo_loss": ("margin", "cross_entropy"),
     "demo_weight": (float, 0, None), "demo_pretrain_steps": (int, 0, 10**9),
     "demo_improve": ("none", "search", "polish"), "search_k": (int, 1, 1000),
     "demo_improve_every": (int, 0, 10**9), "demo_polish_simulations": (int, 1, 10**8),

@@ -4,11 +4,12 @@ against a dense reference, and a training run that learns from them."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from dqn_swap.agents import get_planner
 from dqn_swap.agents.dqn import DQNConfig, load_agent, train
-from dqn_swap.agents.dqn.algorithm import margin_loss
+from dqn_swap.agents.dqn.algorithm import imitation_loss, margin_loss
 from dqn_swap.agents.dqn.demonstrations import action_nodes, best_demonstration, demonstration_episode
 from dqn_swap.agents.dqn.planner import make_env
 from dqn_swap.simulator import simulate
@@ -66,8 +67,38 @@ def test_margin_loss_matches_a_dense_reference():
     assert float(got) >= 0  # the expert's own term bounds the max from below
 
 
-def test_training_with_demonstrations_records_them_and_learns(tiny_resnet_trace, tmp_path):
-    config = DQNConfig(**TINY_RUN, demo_pretrain_steps=200)
+def test_imitation_loss_matches_a_dense_reference():
+    torch.manual_seed(1)
+    sizes = [5, 3, 7]
+    q = 4 * torch.randn(sum(sizes))
+    valid = torch.rand(sum(sizes)) > 0.4
+    batch = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+    offsets = torch.tensor([0, 5, 8])
+    actions = torch.tensor([4, 0, 6])
+    for i, a in enumerate(actions.tolist()):
+        valid[offsets[i] + a] = True
+    rows = torch.tensor([0, 2])
+    got = imitation_loss(q, valid, batch, offsets, actions, rows)
+    want = []
+    for i in rows.tolist():
+        qs, vs = q[offsets[i]:offsets[i] + sizes[i]], valid[offsets[i]:offsets[i] + sizes[i]]
+        want.append(-float(torch.log_softmax(qs[vs], 0)[int(vs[:actions[i]].sum())]))
+    assert abs(float(got) - np.mean(want)) < 1e-5
+    # its gradient raises the demonstrated action and lowers every other valid one; invalid ones get none
+    qg = q.clone().requires_grad_(True)
+    imitation_loss(qg, valid, batch, offsets, actions, rows).backward()
+    for i in rows.tolist():
+        for j in range(sizes[i]):
+            g = float(qg.grad[offsets[i] + j])
+            if not valid[offsets[i] + j]:
+                assert g == 0
+            else:
+                assert (g < 0) if j == actions[i] else (g > 0)
+
+
+@pytest.mark.parametrize("loss", ["margin", "cross_entropy"])
+def test_training_with_demonstrations_records_them_and_learns(tiny_resnet_trace, tmp_path, loss):
+    config = DQNConfig(**TINY_RUN, demo_pretrain_steps=200, demo_loss=loss)
     result = train(tiny_resnet_trace, LIMIT, tmp_path / "demo.pt", config, log_dir=None, progress=False)
     _, cfg, ckpt = load_agent(tmp_path / "demo.pt")
     assert cfg.demonstrations == "best-baseline"
