@@ -2,10 +2,11 @@
 # The learning ablation on the validation families: how the agent is taught (TD learning with the
 # best baseline's demonstrations improved by the lookahead, against expert iteration with the whole
 # dqn-search as the teacher and the student's own states labelled), how wide its training corpus is,
-# and how wide its network is.  Every arm trains 6,000 steps, seed 0, one thread; all but the narrow
+# and how wide its network is.  Every arm trains 6,000 steps (the 24k arm 24,000), seed 0, one thread; all but the narrow
 # arm on one network of each of the generator's 10 training families at 90/70/50/30 % (40 cells).
 # The narrow arm trains on the five zoo networks the first shipped agent saw (20 cells); the
-# cross-entropy arm imitates by cross-entropy over the valid actions instead of the margin.  The agents
+# cross-entropy arm imitates by cross-entropy over the valid actions instead of the margin; the 24k arm
+# trains four times as long.  The agents
 # are then planned, alone and in one pass, on two networks of each validation family at four limits
 # (40 cells), beside the shipped agent:
 #
@@ -32,9 +33,11 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
   "$PY" -m dqn_swap train $zoo "${common[@]}" "${expert[@]}" -o "$out/expert_narrow.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set p=64 -o "$out/expert_p64.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set demo_loss=cross_entropy -o "$out/expert_ce.pt"
+  "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 -o "$out/expert_24k.pt"
 }
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 \
     --agents shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt" \
              expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt" \
+             expert-24k="$out/expert_24k.pt" \
     --json benchmarks/results/generalization_validation_ablation.json \
     --md benchmarks/results/generalization_validation_ablation.md

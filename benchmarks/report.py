@@ -101,6 +101,8 @@ CATALOG: tuple[Entry, ...] = (
           "overhead"),
     Entry("runtime_memory_cpu", "Planned training's measured CPU peak against the limit and the prediction, "
           "462 cases", "memory"),
+    Entry("runtime_memory_late_copies", "The same cases on a stand-in device whose copies run late, against the "
+          "simulated peak", "memory"),
     Entry("autoplan_overhead_cpu", "autoplan's step time against PlannedExecution and unplanned training",
           "autoplan"),
     Entry("runtime_*", "Planned training on a GPU (bench_runtime.py on CUDA)", "gpu"),
@@ -351,18 +353,26 @@ def s_transfer_search() -> tuple[str, list[str]]:
 
 
 def s_memory() -> tuple[str, list[str]]:
-    s = load("runtime_memory_cpu")["summary"]
-    rows = ["| cases | models (written outside the zoo) | planners | limits | precisions | above the limit | "
-            "measured / predicted |", "|---|---|---|---|---|---|---|",
-            f"| {s['cases']} | {s['models']} ({s['foreign_models']}) | {', '.join(display(p) for p in s['planners'])} | "
-            f"{', '.join(s['limits'])} | {', '.join(s['precisions'])} | {s['over_limit']} | "
-            f"{s['min_measured_over_predicted']:.3f} to {s['max_measured_over_predicted']:.3f} |"]
-    return "\n".join(rows), ["runtime_memory_cpu"]
+    rows = ["| device | cases | models (written outside the zoo) | planners | limits | precisions | above the limit | "
+            "measured / predicted | bit-identical |", "|---|---|---|---|---|---|---|---|---|"]
+    stems = [stem for stem in ("runtime_memory_cpu", "runtime_memory_late_copies") if (RESULTS / f"{stem}.json").exists()]
+    for stem in stems:
+        d = load(stem)
+        s = d["summary"]
+        late = d.get("late_copies")
+        device = (f"stand-in, copies {late * 1e3:g} ms late (predicted: the simulated peak)" if late else
+                  "CPU, copies at once (predicted: the schedule with instant copies)")
+        rows.append(f"| {device} | {s['cases']} | {s['models']} ({s['foreign_models']}) | "
+                    f"{', '.join(display(p) for p in s['planners'])} | {', '.join(s['limits'])} | "
+                    f"{', '.join(s['precisions'])} | {s['over_limit']} | "
+                    f"{s['min_measured_over_predicted']:.3f} to {s['max_measured_over_predicted']:.3f} | "
+                    f"{s['bit_identical']} |")
+    return "\n".join(rows), stems
 
 
 def s_gpu() -> tuple[str, list[str]]:
     stems = sorted(p.stem for p in RESULTS.glob("runtime_*.json")
-                   if p.stem not in ("runtime_overhead_cpu", "runtime_memory_cpu"))
+                   if p.stem not in ("runtime_overhead_cpu", "runtime_memory_cpu", "runtime_memory_late_copies"))
     if not stems:
         return "No GPU measurement is recorded yet: `python benchmarks/bench_runtime.py --steps 10 --planner dqn " \
                "--max-batch` on a CUDA machine writes `benchmarks/results/runtime_<gpu>.{json,md}`.", []

@@ -287,7 +287,24 @@ def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
     order = sorted((op, tid) for tid, op in releases.items() if tid in index.swap)
     anchors = np.asarray(index.pack_position, dtype=np.int64)
     unpacks = np.asarray(index.unpack_position, dtype=np.int64)
-    points = np.unique(np.concatenate([anchors[anchors >= 0], unpacks[(unpacks >= 0) & (unpacks != NO_OP)]]))
+    known = (unpacks >= 0) & (unpacks != NO_OP)
+    # Every pack gives the runtime control in forward; in backward only the unpacks of packs it acts
+    # on.  A release due at an op with no such point before it since the last one gets one: the pack
+    # whose unpack comes last before that op is marked PROGRESS (its unpack then comes to the runtime).
+    flags = index.pack_flags
+    last_forward = int(anchors.max()) if len(anchors) and anchors.max() >= 0 else -1
+    if known.any():
+        ks = np.flatnonzero(known)
+        by_unpack = ks[np.argsort(unpacks[ks], kind="stable")]
+        at = unpacks[by_unpack]
+        for op, _ in order:
+            if op <= last_forward + 1:
+                continue  # a forward pack comes before it
+            j = int(np.searchsorted(at, op, side="left")) - 1  # the last unpack before the op
+            if j >= 0:
+                flags[int(by_unpack[j])] |= PROGRESS
+    control = np.array([f != 0 for f in flags], dtype=bool)
+    points = np.unique(np.concatenate([anchors[anchors >= 0], unpacks[known & control]]))
 
     def horizon(ops: np.ndarray) -> list[int]:
         j = np.searchsorted(points, ops, side="right")

@@ -13,16 +13,18 @@ checker catching each kind of mistake.
 from __future__ import annotations
 
 import gc
+from functools import lru_cache
 
 import pytest
 import torch
 
 from dqn_swap.planners import manual_plan, saved_activations
+from dqn_swap.recorder import record_trace
 from dqn_swap.runtime import PlannedExecution
 from dqn_swap.runtime.standin import StandInBackend
 from dqn_swap.runtime.swap import SwapGroup, Swapper
 
-from ..runtime_support import MODELS, assert_same_training, hand_plan, trace_of, train
+from ..runtime_support import MODELS, Workload, assert_same_training, hand_plan, trace_of, train
 
 
 def train_on(backend: StandInBackend, name: str, plan, **kwargs):  # noqa: ANN001, ANN201
@@ -136,18 +138,33 @@ def test_a_dropped_graph_returns_a_swapped_input_only_after_its_copy_back() -> N
     backend.close()
 
 
-def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True) -> tuple[int, int, int, object]:
+@lru_cache(maxsize=None)
+def _zoo_trace(name: str, batch: int):  # noqa: ANN202
+    w = zoo_workload(name, batch)
+    return record_trace(w.model, w.inputs, w.loss_fn, w.make_optimizer, device="cpu")
+
+
+def zoo_workload(name: str, batch: int):  # noqa: ANN201
+    from dqn_swap.models import build_workload
+
+    w = build_workload(name, batch, "cpu", seed=0)
+    return Workload(w.model, w.example_inputs, w.loss_fn, w.make_optimizer)
+
+
+def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True, batch: int | None = None
+                   ) -> tuple[int, int, int, object]:
     """The measured peak (the CPU allocator's timeline, steady state) of ``planner``'s plan at ``limit``
     on a stand-in device whose copies take 20 ms each: far behind the host, as a GPU's copies are
-    behind a host that queues kernels and returns; with the plan's releases enforced or not."""
+    behind a host that queues kernels and returns; with the plan's releases enforced or not.
+    ``batch``: the zoo network ``name`` at that batch size instead of the test model ``name``."""
     import dqn_swap.simulator as sim
     from dqn_swap.agents import get_planner
     from dqn_swap.cli.experiment import measured_cpu_peak
     from dqn_swap.trace import resolve_memory_limit
 
-    trace = trace_of(name)
+    trace = trace_of(name) if batch is None else _zoo_trace(name, batch)
     plan = get_planner(planner).plan(trace, resolve_memory_limit(trace, limit))
-    w = MODELS[name]()
+    w = MODELS[name]() if batch is None else zoo_workload(name, batch)
     opt = w.make_optimizer(w.model.parameters())
     backend = StandInBackend(delay=0.02)
     find = sim.swap_out_releases
@@ -163,14 +180,39 @@ def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True) -
     return measured, plan.memory_limit, sim.simulate(trace, plan).peak_bytes, rt.stats
 
 
-@pytest.mark.parametrize("name,planner,limit", [("resnet_tiny", "greedy", "50%"), ("gpt_tiny", "greedy", "30%"),
-                                                ("resnet_tiny", "lru", "30%")])
-def test_late_copies_keep_the_plans_peak(name: str, planner: str, limit: str) -> None:
+@pytest.mark.parametrize("name,planner,limit,batch", [("resnet_tiny", "greedy", "50%", None),
+                                                      ("gpt_tiny", "greedy", "30%", 4),
+                                                      ("resnet_tiny", "lru", "30%", None)])
+def test_late_copies_keep_the_plans_peak(name: str, planner: str, limit: str, batch: int | None) -> None:
     """The host waits for the copies out that the plan counts as done: the measured peak is the
     simulated one, under the limit, however late the copies run."""
-    measured, limit_bytes, simulated, stats = late_copy_peak(name, planner, limit)
+    measured, limit_bytes, simulated, stats = late_copy_peak(name, planner, limit, batch=batch)
     assert measured <= simulated <= limit_bytes
     assert stats.release_waits > 0  # the copies were late: the host had to wait
+
+
+@pytest.mark.parametrize("name,planner,limit", [("gpt_tiny", "vdnn", "30%"), ("resnet_tiny", "window", "30%"),
+                                                ("gpt_tiny", "greedy", "30%")])
+def test_every_release_has_a_point_of_control_before_its_op(name: str, planner: str, limit: str) -> None:
+    """Each copy out the plan counts as done by op ``r`` is waited for at a pack or unpack that comes to
+    the runtime before ``r`` and whose horizon reaches ``r``: every pack in forward, and in backward
+    the unpacks of packs the runtime acts on or marked for it (``index.with_releases``)."""
+    from dqn_swap.agents import get_planner
+    from dqn_swap.runtime.index import NO_OP
+    from dqn_swap.trace import resolve_memory_limit
+
+    trace = trace_of(name)
+    plan = get_planner(planner).plan(trace, resolve_memory_limit(trace, limit))
+    rt = PlannedExecution(None, plan, trace, backend=StandInBackend())
+    ix = rt.index
+    assert ix.release_ops
+    if name == "gpt_tiny":
+        assert max(ix.release_ops) >= ix.first_backward_op  # some are due in backward
+    points = [(p, h) for p, h in zip(ix.pack_position, ix.pack_horizon) if p >= 0]
+    points += [(u, h) for u, h, f in zip(ix.unpack_position, ix.unpack_horizon, ix.pack_flags)
+               if f and u != NO_OP]
+    for r in ix.release_ops:
+        assert any(p < r <= h for p, h in points), r
 
 
 def test_without_the_releases_late_copies_break_the_limit() -> None:
