@@ -22,12 +22,14 @@ Three measurements, each a subcommand:
     is bit-identical to unplanned training; the zoo's models and foreign ones
     (``tests/user_models.py``: T5, DistilBERT, GCN, GIN, SE-CNN, MBConv), fp32
     and bf16 autocast, in a loop with gradient accumulation, clipping and an LR
-    scheduler (see :func:`memory`).
+    scheduler (see :func:`memory`).  ``--late-copies SECONDS`` runs the same cases on the stand-in
+    device whose copies each take that long, against the simulated peak.
 
     python benchmarks/bench_runtime.py [gpu] [--steps 10] [--planner dqn] [--max-batch]
     python benchmarks/bench_runtime.py overhead --json benchmarks/results/runtime_overhead_cpu.json
     python benchmarks/bench_runtime.py memory --threads 1 --json benchmarks/results/runtime_memory_cpu.json
     python benchmarks/bench_runtime.py memory --models t5,gcn@bf16,resnet_tiny:8 --planners greedy,dqn --limits 50%
+    python benchmarks/bench_runtime.py memory --threads 1 --late-copies 0.005 --json benchmarks/results/runtime_memory_late_copies.json
 """
 
 from __future__ import annotations
