@@ -20,6 +20,7 @@ whose frees concern blocks of the same iteration, or account for them apart.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -152,4 +153,21 @@ def live_bytes(tensors: object) -> int:
     return sum(seen.values())
 
 
-__all__ = ["AllocatorTimeline", "Window", "live_bytes"]
+@contextlib.contextmanager
+def collector_still() -> Iterator[None]:
+    """Collect garbage, then keep the collector still inside the block (as it was after).
+
+    A measured iteration runs inside it: a collection of reference cycles left by earlier work
+    runs once enough Python objects were made, so it would free their tensors inside one
+    iteration or another depending on what ran before."""
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+__all__ = ["AllocatorTimeline", "Window", "collector_still", "live_bytes"]

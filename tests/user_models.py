@@ -62,7 +62,6 @@ timeline, the last one's peak above its start plus ``trace.initial_bytes``.
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -547,21 +546,14 @@ def record(w: UserWorkload, accumulation: int = ACCUMULATION, max_norm: float = 
 def measured_loop_peak(loop: Loop, runtime: Any, baseline: int, iterations: int = 3) -> int:
     """The peak bytes of the loop's iteration, measured as ``measured_cpu_peak`` measures one: every
     iteration under the allocator's timeline, ``baseline`` plus the last one's peak above its start."""
-    from dqn_swap.meter import AllocatorTimeline
+    from dqn_swap.meter import AllocatorTimeline, collector_still
 
     torch.manual_seed(LOOP_SEED)  # dropout and drop path draw the same numbers in every run
     peak = 0
     for i in range(iterations):
         timeline = AllocatorTimeline()
-        gc.collect()  # the collector stays still while measuring, as in measured_cpu_peak
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            with timeline:
-                train_iteration(loop, runtime)
-        finally:
-            if collecting:
-                gc.enable()
+        with collector_still(), timeline:
+            train_iteration(loop, runtime)
         if i == iterations - 1:
             peak = timeline.peak
     return int(baseline) + int(peak)

@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from ..limits import LimitSpec, MemoryLimit
-from ..meter import AllocatorTimeline
+from ..meter import AllocatorTimeline, collector_still
 from ..plan import Plan
 from ..runtime import PlannedExecution, enable_expandable_segments
 from ..trace import Trace
@@ -525,23 +525,13 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
     for i in range(iterations):
         optimizer.zero_grad(set_to_none=True)
         timeline = AllocatorTimeline()
-        # The garbage collector stays still while an iteration is measured: a collection of
-        # reference cycles left by earlier work runs when enough Python objects were made, so it would
-        # free their tensors inside one iteration or another depending on what ran before.
-        gc.collect()
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            with timeline:
-                with runtime if runtime is not None else nullcontext():
-                    out = model(*inputs)
-                    loss = loss_fn(out)
-                    loss.backward()
-                optimizer.step()
-                del out, loss
-        finally:
-            if collecting:
-                gc.enable()
+        with collector_still(), timeline:
+            with runtime if runtime is not None else nullcontext():
+                out = model(*inputs)
+                loss = loss_fn(out)
+                loss.backward()
+            optimizer.step()
+            del out, loss
         if i == iterations - 1:
             peak = timeline.peak  # type: ignore[union-attr]
     return int(baseline) + int(peak)
