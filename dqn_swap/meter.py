@@ -153,6 +153,14 @@ def live_bytes(tensors: object) -> int:
     return sum(seen.values())
 
 
+def gradient_bytes(model: torch.nn.Module, device_type: str) -> int:
+    """Bytes of the gradients ``model``'s parameters hold on devices of ``device_type`` (each storage
+    once): what the allocator holds for them between iterations."""
+    storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+                for g in (p.grad for p in model.parameters()) if g is not None and g.device.type == device_type}
+    return sum(storages.values())
+
+
 @contextlib.contextmanager
 def collector_still() -> Iterator[None]:
     """Collect garbage, then keep the collector still inside the block (as it was after).
@@ -170,4 +178,4 @@ def collector_still() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["AllocatorTimeline", "Window", "collector_still", "live_bytes"]
+__all__ = ["AllocatorTimeline", "Window", "collector_still", "gradient_bytes", "live_bytes"]

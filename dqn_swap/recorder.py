@@ -76,7 +76,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
-from .meter import AllocatorTimeline
+from .meter import AllocatorTimeline, gradient_bytes
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, op_name
 from .support import (local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients, unsharded_storages,
                       unsupported_reason)
@@ -992,9 +992,7 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             # counts and the trace does not.
             allocated_at_start = int(torch.cuda.memory_allocated(device))
             if recorded == 0:
-                grads = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
-                         for g in (q.grad for q in model.parameters()) if g is not None and g.is_cuda}
-                allocated_at_start -= sum(grads.values())
+                allocated_at_start -= gradient_bytes(model, "cuda")
         timeline = AllocatorTimeline() if last and device.type == "cpu" else contextlib.nullcontext()
         with _recording_failure(), timeline:
             _iteration(model, example_inputs, loss_fn, opt, recorder, zero_grad=recorded == 0,

@@ -91,6 +91,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..limits import LimitSpec, resolve_limit
+from ..meter import gradient_bytes
 from ..plan import Plan
 from ..support import COMPILED_STEP, fsdp_param_groups, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
@@ -325,23 +326,18 @@ class _Iteration:
         if mode is not None and mode.pushed and mode.finished:
             mode.stop()  # the window's last op has been recorded: ops run at full speed again
         f = self.flags[k]
+        due = self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]
         if f == 0:
             if k == self.n_saved - 1:
                 self.end_of_forward()
-            if self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]:
-                self.paused = True
-                try:
-                    with torch.no_grad():
-                        self.enforce_releases(self.index.pack_horizon[k])
-                finally:
-                    self.paused = False
-            return t.detach() if t.requires_grad else t  # see check_pack
+            if not due:
+                return t.detach() if t.requires_grad else t  # see check_pack
         self.where = ("pack", k)
         self.paused = True
         try:
             with torch.no_grad():
-                packed = self._pack(t, k, f)
-                if self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]:
+                packed = self._pack(t, k, f) if f else (t.detach() if t.requires_grad else t)
+                if due:
                     self.enforce_releases(self.index.pack_horizon[k])
         finally:
             self.paused = False
@@ -903,10 +899,8 @@ class PlannedExecution:
             # workspaces, another model): the prefetch check compares the trace's bytes with the limit.
             # Gradients still alive are not counted as outside (the trace may not hold them): a
             # smaller estimate only makes the check stricter.
-            grads = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
-                     for g in (p.grad for p in (self.model.parameters() if self.model is not None else ()))
-                     if g is not None and g.device.type == self.device.type}
-            it.outside_bytes = max(0, allocated - self.trace.initial_bytes - sum(grads.values()))
+            grads = gradient_bytes(self.model, self.device.type) if self.model is not None else 0
+            it.outside_bytes = max(0, allocated - self.trace.initial_bytes - grads)
         if not self.plan.actions:
             # nothing to do but check the first pack (check_pack): the saved tensors go to autograd
             if it.n_saved:

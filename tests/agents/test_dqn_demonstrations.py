@@ -138,12 +138,8 @@ def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, t
     improved = [(b, a) for b, a in zip(demos["none"], demos["search"]) if a["planner"].startswith("dqn-search@")]
     assert improved  # at 35 % the search with the learned Q beats window's replay (0.0187 -> 0.0167 when written)
     assert all(a["replayed_overhead"] < b["replayed_overhead"] and a["replayed_feasible"] for b, a in improved)
-    try:
+    with pytest.raises(ValueError, match="demonstrations"):  # demo_improve without demonstrations
         DQNConfig(demo_improve="search")
-    except ValueError as err:
-        assert "demonstrations" in str(err)
-    else:
-        raise AssertionError("demo_improve without demonstrations was accepted")
 
 
 def test_a_polished_episode_is_never_worse_than_its_plan_and_its_actions_replay(tiny_resnet_trace):
@@ -177,12 +173,8 @@ def test_expert_iteration_keeps_the_best_teacher_per_cell(tiny_resnet_trace, tmp
         assert after["replayed_feasible"] and after["replayed_overhead"] <= before["replayed_overhead"] + 1e-12
     assert any("polished@" in a["planner"] and a["replayed_overhead"] < b["replayed_overhead"] - 1e-9
                for b, a in zip(demos["none"], demos["polish"]))
-    try:
+    with pytest.raises(ValueError, match="demo_improve_every"):  # a negative demo_improve_every
         DQNConfig(demonstrations="best-baseline", demo_improve="polish", demo_improve_every=-1)
-    except ValueError as err:
-        assert "demo_improve_every" in str(err)
-    else:
-        raise AssertionError("a negative demo_improve_every was accepted")
 
 
 def test_corrections_label_the_students_own_states_with_the_teachers_actions(tiny_resnet_trace):

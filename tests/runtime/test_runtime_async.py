@@ -24,7 +24,7 @@ from dqn_swap.runtime import PlannedExecution
 from dqn_swap.runtime.standin import StandInBackend
 from dqn_swap.runtime.swap import SwapGroup, Swapper
 
-from ..runtime_support import MODELS, Workload, assert_same_training, hand_plan, trace_of, train
+from ..runtime_support import MODELS, _zoo, assert_same_training, hand_plan, trace_of, train
 
 
 def train_on(backend: StandInBackend, name: str, plan, **kwargs):  # noqa: ANN001, ANN201
@@ -140,15 +140,8 @@ def test_a_dropped_graph_returns_a_swapped_input_only_after_its_copy_back() -> N
 
 @lru_cache(maxsize=None)
 def _zoo_trace(name: str, batch: int):  # noqa: ANN202
-    w = zoo_workload(name, batch)
+    w = _zoo(name, batch)()
     return record_trace(w.model, w.inputs, w.loss_fn, w.make_optimizer, device="cpu")
-
-
-def zoo_workload(name: str, batch: int):  # noqa: ANN201
-    from dqn_swap.models import build_workload
-
-    w = build_workload(name, batch, "cpu", seed=0)
-    return Workload(w.model, w.example_inputs, w.loss_fn, w.make_optimizer)
 
 
 def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True, batch: int | None = None
@@ -164,7 +157,7 @@ def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True, b
 
     trace = trace_of(name) if batch is None else _zoo_trace(name, batch)
     plan = get_planner(planner).plan(trace, resolve_memory_limit(trace, limit))
-    w = MODELS[name]() if batch is None else zoo_workload(name, batch)
+    w = MODELS[name]() if batch is None else _zoo(name, batch)()
     opt = w.make_optimizer(w.model.parameters())
     backend = StandInBackend(delay=0.02)
     find = sim.swap_out_releases
