@@ -6,13 +6,17 @@
 # arm on one network of each of the generator's 10 training families at 90/70/50/30 % (40 cells).
 # The narrow arm trains on the five zoo networks the first shipped agent saw (20 cells); the
 # cross-entropy arm imitates by cross-entropy over the valid actions instead of the margin; the 24k arm
-# trains four times as long.  The agents
-# are then planned, alone and in one pass, on two networks of each validation family at four limits
-# (40 cells), beside the shipped agent:
+# trains four times as long.  The chains arms offer every removal the simulator allows
+# (recompute_chains=True), without which the environment cannot reach the best plans known
+# (benchmarks/bench_env_ceiling.py), two seeds each with the candidates graph and with the dataflow
+# graph (graph=dataflow: a removal joined to the inputs it re-runs); then the chains arm trained
+# longer, on two and four networks a family, and TD learning with it.  The agents are then planned,
+# alone and in one pass, on two networks of each validation family at four limits (40 cells),
+# beside the shipped agent, and on the test families' 56 cells against the best plans known:
 #
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
-# writes OUT_DIR/*.pt and benchmarks/results/generalization_validation_ablation.{json,md}.
+# writes OUT_DIR/*.pt and benchmarks/results/generalization_{validation,test}_ablation.{json,md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -22,6 +26,10 @@ mkdir -p "$out"
 export OMP_NUM_THREADS=1
 gen=$("$PY" -c "from dqn_swap.models.generator import corpus
 print(' '.join(s.name for s in corpus('train', 1)))")
+gen2=$("$PY" -c "from dqn_swap.models.generator import corpus
+print(' '.join(s.name for s in corpus('train', 2)))")
+gen4=$("$PY" -c "from dqn_swap.models.generator import corpus
+print(' '.join(s.name for s in corpus('train', 4)))")
 zoo="resnet_tiny:8 gpt_tiny:4 resnet18:32 lstm_short:64 resnet50:64"
 common=(--memory-limits 90%,70%,50%,30% --steps 6000 --threads 1 --set demonstrations=best-baseline
         --set demo_pretrain_steps=2000 --set learning_rate=5e-4 --set eval_every=2000 --force)
@@ -34,10 +42,31 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set p=64 -o "$out/expert_p64.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set demo_loss=cross_entropy -o "$out/expert_ce.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 -o "$out/expert_24k.pt"
+  chains=(--set recompute_chains=True)
+  for seed in 0 1; do
+    "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" "${chains[@]}" --seed $seed -o "$out/chains_s$seed.pt"
+    "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" "${chains[@]}" --seed $seed --set graph=dataflow \
+        -o "$out/dataflow_s$seed.pt"
+  done
+  "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" "${chains[@]}" --steps 24000 -o "$out/chains_24k.pt"
+  "$PY" -m dqn_swap train $gen2 "${common[@]}" "${expert[@]}" "${chains[@]}" --steps 12000 -o "$out/chains_2pf.pt"
+  "$PY" -m dqn_swap train $gen2 "${common[@]}" "${expert[@]}" "${chains[@]}" --steps 12000 --set graph=dataflow \
+      -o "$out/dataflow_2pf.pt"
+  "$PY" -m dqn_swap train $gen4 "${common[@]}" "${expert[@]}" "${chains[@]}" --steps 16000 -o "$out/chains_4pf.pt"
+  "$PY" -m dqn_swap train $gen "${common[@]}" "${chains[@]}" --set demo_improve=search --set demo_fraction=0.5 \
+      -o "$out/td_search_chains.pt"
 }
-"$PY" benchmarks/bench_generalization.py --split validation --per-family 2 \
-    --agents shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt" \
-             expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt" \
-             expert-24k="$out/expert_24k.pt" \
+arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
+      expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"
+      expert-24k="$out/expert_24k.pt" chains="$out/chains_s0.pt" chains-s1="$out/chains_s1.pt"
+      dataflow="$out/dataflow_s0.pt" dataflow-s1="$out/dataflow_s1.pt" chains-24k="$out/chains_24k.pt"
+      chains-2pf="$out/chains_2pf.pt" dataflow-2pf="$out/dataflow_2pf.pt" chains-4pf="$out/chains_4pf.pt"
+      td+search-demos-chains="$out/td_search_chains.pt")
+"$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
+    --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \
     --md benchmarks/results/generalization_validation_ablation.md
+"$PY" benchmarks/bench_generalization.py --split test --per-family 2 --agents "${arms[@]}" \
+    --reuse benchmarks/results/generalization_test.json --best-known benchmarks/results/best_known.json --keep-table \
+    --json benchmarks/results/generalization_test_ablation.json \
+    --md benchmarks/results/generalization_test_ablation.md

@@ -68,6 +68,10 @@ CATALOG: tuple[Entry, ...] = (
     Entry("generalization_validation_ablation", "How the agent is taught, on the validation families: TD "
           "learning with improved demonstrations against expert iteration, a narrow corpus and a wider network, "
           "each agent alone in one pass (benchmarks/ablation_expert.sh)", "expert"),
+    Entry("generalization_test_ablation", "The same agents on the test families, against the best plans known "
+          "(benchmarks/ablation_expert.sh)", "expert"),
+    Entry("env_ceiling", "What the agent's environment can express: every best plan known replayed in it as a "
+          "demonstration, with recompute chains offered and not", "ceiling"),
     Entry("user_baselines", "What users would switch on instead (per-block checkpointing, torchtune's activation "
           "offloading, both, torch.compile's activation-budget knapsack) against dqn and the best baseline",
           "user"),
@@ -134,8 +138,14 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
      "(`best_known.json`); `✓`: at or below the best baseline (+0.001)."),
     ("validation", "Networks never seen: the validation families", "Three networks of each validation family."),
     ("expert", "Teaching the agent: expert iteration, corpus and width",
-     "Every agent planned alone, in one pass (`dqn`), on two networks of each validation family at four limits; "
-     "the arms trained 6,000 steps each (docs/learning.md, \"Expert iteration\")."),
+     "Every agent planned alone, in one pass (`dqn`), on two networks of each validation family at four limits, "
+     "then on the test families' 56 cells against the best plans known; the arms trained 6,000 steps each "
+     "unless named (docs/learning.md, \"Expert iteration\")."),
+    ("ceiling", "What the agent's environment can express",
+     "Every plan of the table of best plans known (the test families, 56 cells), replayed in the environment an "
+     "agent plans in, as a demonstration is replayed: no agent alone does better than the episode its "
+     "environment lets it reach. With recompute chains off (the environment's default), removals whose "
+     "producer reads another removed tensor are not offered."),
     ("user", "The switches users reach for",
      "Hugging Face's per-block checkpointing, torchtune's activation offloading, the two together and "
      "torch.compile's activation-memory-budget knapsack, modelled in the simulator, against the agent and the "
@@ -253,6 +263,12 @@ def s_search() -> tuple[str, list[str]]:
 
 def s_md(stem: str) -> Callable[[], tuple[str, list[str]]]:
     return lambda: (tables_of((RESULTS / f"{stem}.md").read_text()), [stem])
+
+
+def s_mds(*stems: str) -> Callable[[], tuple[str, list[str]]]:
+    """Several results' tables in one section, each under its file's name."""
+    return lambda: ("\n\n".join(f"`{stem}`:\n\n" + tables_of((RESULTS / f"{stem}.md").read_text()) for stem in stems),
+                    list(stems))
 
 
 def s_generalization(stem: str) -> Callable[[], tuple[str, list[str]]]:
@@ -387,7 +403,8 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "grid": s_grid, "search": s_search, "optimal": s_md("optimal_grid_60s"), "optimal600": s_md("optimal_grid"),
     "scaling": s_md("optimal_scaling"), "bound": s_bound, "test": s_generalization("generalization_test"),
     "validation": s_generalization("generalization_validation_polish"),
-    "expert": s_md("generalization_validation_ablation"), "table1": s_table1, "ablation": s_ablation,
+    "expert": s_mds("generalization_validation_ablation", "generalization_test_ablation"),
+    "ceiling": s_md("env_ceiling"), "table1": s_table1, "ablation": s_ablation,
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
     "autoplan": s_md("autoplan_overhead_cpu"), "user": s_md("user_baselines"), "gpu": s_gpu, "record": s_md("record"),

@@ -22,6 +22,16 @@ Two graphs can be built from these action nodes (``graph=``):
     ResNet-50 b64 that is ~430 nodes instead of ~4,300 events, on ResNet-1001
     ~8,000 instead of ~80,000.
 
+``"dataflow"`` (ours)
+    The candidates graph plus an edge between the recompute node of a tensor and
+    every action node of a tensor its producer op reads: the inputs a re-run
+    needs.  With ``recompute_chains`` a removal whose producer reads another removed
+    tensor re-runs that one too (each re-run once per target, so a chain of ``k``
+    removals costs ``O(k^2)`` re-runs); the candidates graph joins nodes only by
+    time, so the agent cannot see which removals form a chain, and its recompute
+    feature is the producer's own duration.  These edges let message passing read
+    the ``chosen`` column of the inputs a removal would re-run.
+
 ``"events"`` (the paper's operation graph of section 4.2)
     Node ``1 + e`` is trace event ``e``; edges are
     :func:`dqn_swap.graph.edge_arrays` (consecutive and same-tensor events).
@@ -51,7 +61,7 @@ FEATURES = ("size", "transfer_time", "recompute_time", "time_to_next_use", "acti
 N_FEATURES = len(FEATURES)
 F_VALID, F_LIMIT, F_EXEC, F_DEFICIT, F_TVIOL, F_CHOSEN = 5, 6, 7, 8, 9, 10
 
-GRAPHS = ("candidates", "events")
+GRAPHS = ("candidates", "dataflow", "events")
 
 
 def next_read_event(trace: Trace) -> np.ndarray:
@@ -129,6 +139,30 @@ def _tf_time(t: np.ndarray, scale: float) -> np.ndarray:
     return np.log1p(np.maximum(np.asarray(t, dtype=np.float64), 0.0) / scale)
 
 
+def _input_pairs(trace: Trace, a_tensor: np.ndarray, a_kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Node pairs (1-based, as in the candidates graph) joining each recompute node to every action
+    node of a tensor its producer op reads (the ``"dataflow"`` graph's edges)."""
+    by_tensor: dict[int, list[int]] = {}
+    for i, t in enumerate(a_tensor.tolist()):
+        by_tensor.setdefault(int(t), []).append(i)
+    reads = trace.event_kind == EventKind.READ
+    read_op, read_tensor = trace.event_op[reads], trace.event_tensor[reads]
+    inputs: dict[int, set[int]] = {}
+    for op, t in zip(read_op.tolist(), read_tensor.tolist()):
+        if int(t) in by_tensor:
+            inputs.setdefault(int(op), set()).add(int(t))
+    src: list[int] = []
+    dst: list[int] = []
+    for i in np.flatnonzero(a_kind == RECOMPUTE).tolist():
+        t = int(a_tensor[i])
+        producer = int(trace.tensor_alloc_op[t])
+        for u in sorted(inputs.get(producer, ())):
+            if u != t:
+                for j in by_tensor[u]:
+                    src.append(1 + i); dst.append(1 + j)
+    return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+
+
 def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = "candidates") -> ActionGraph:  # noqa: ANN001
     """Choose the action nodes of ``trace`` and build the graph the agent sees."""
     if mode not in GRAPHS:
@@ -177,7 +211,7 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
             x[:, 4] = kinds
         return x
 
-    if mode == "candidates":
+    if mode in ("candidates", "dataflow"):
         n = 1 + n_act
         node_event = np.concatenate([[0], a_event]).astype(np.int64)
         x = np.concatenate([np.zeros((1, N_FEATURES), np.float32), feats(a_event, a_kind)])
@@ -197,6 +231,9 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
             pair = np.flatnonzero(a_tensor[by_t][1:] == a_tensor[by_t][:-1])
             a, b = 1 + by_t[pair], 1 + by_t[pair + 1]
             src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
+            if mode == "dataflow":
+                a, b = _input_pairs(trace, a_tensor, a_kind)
+                src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
         s = np.concatenate(src) if src else np.zeros(0, np.int64)
         d = np.concatenate(dst) if dst else np.zeros(0, np.int64)
         w = np.concatenate(lag) if lag else np.zeros(0)

@@ -187,7 +187,7 @@ class SwapRecomputeEnv(gym.Env):
     to ``trace.peak_bytes``, ``"0.5x"`` the peak, ``"3GiB"``, bytes, or a
     :class:`~dqn_swap.limits.MemoryLimit`; below the minimum is refused),
     ``profile`` (name or :class:`~dqn_swap.cost.DeviceProfile`, default the
-    trace's), ``graph`` (``"candidates"`` or ``"events"``),
+    trace's), ``graph`` (``"candidates"``, ``"dataflow"`` or ``"events"``),
     ``infeasible_penalty`` (1.0), ``invalid_penalty`` (0.1),
     ``max_episode_steps``, ``simulator`` (reuse a Simulator for this trace
     and limit), ``action_graph`` (reuse the static graph of this trace),

@@ -18,7 +18,7 @@ class DQNConfig:
     ``aggr`` ``"sum"`` (Eq. 1) or ``"mean"`` (ours: neighbourhood averages),
     ``head_features`` (ours: the Q head also reads the node's own features).
 
-    Environment: ``graph`` (``"candidates"`` or ``"events"``, see
+    Environment: ``graph`` (``"candidates"``, ``"dataflow"`` or ``"events"``, see
     :mod:`dqn_swap.env.candidates`), ``recompute_chains`` (False: a recompute action
     that would need another removed tensor re-run first is invalid, see
     :class:`dqn_swap.env.SwapRecomputeEnv`), ``reward`` (``"whole"``: every action is
@@ -151,7 +151,7 @@ BEFORE_KEYS: dict[str, Any] = {"recompute_chains": True, "reward": "accrued", "a
 # What each setting may be: (type, low, high) for numbers (inclusive; None: unbounded), or the choices.
 _RULES: dict[str, Any] = {
     "p": (int, 1, 1024), "T": (int, 1, 32), "readout": ("sum", "mean"), "head": ("eq3", "mlp"),
-    "head_features": bool, "aggr": ("sum", "mean"), "bias": bool, "graph": ("candidates", "events"),
+    "head_features": bool, "aggr": ("sum", "mean"), "bias": bool, "graph": ("candidates", "dataflow", "events"),
     "recompute_chains": bool, "reward": ("whole", "accrued"), "infeasible_penalty": (float, 0, None),
     "invalid_penalty": (float, 0, None), "total_timesteps": (int, 1, 10**9), "learning_rate": (float, 1e-12, 10),
     "buffer_size": (int, 1, 10**8), "batch_size": (int, 1, 65536), "gamma": (float, 0, 1),

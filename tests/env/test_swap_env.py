@@ -93,7 +93,7 @@ def test_fast_path_matches_observation(trace):
     assert obs.nodes[:, 6].min() == obs.nodes[:, 6].max() == pytest.approx(0.5, abs=1e-3)  # the limit
 
 
-@pytest.mark.parametrize("mode", ["candidates", "events"])
+@pytest.mark.parametrize("mode", ["candidates", "dataflow", "events"])
 def test_no_node_stands_for_two_actions(trace, mode):
     e = SwapRecomputeEnv(trace, "50%", graph=mode)
     g = e.graph
@@ -106,6 +106,33 @@ def test_no_node_stands_for_two_actions(trace, mode):
     if mode == "events":
         assert g.n_nodes == trace.n_events + 1
     assert valid is not None
+
+
+def test_dataflow_graph_joins_a_removal_to_the_inputs_it_re_runs(trace):
+    """The dataflow graph is the candidates graph (same nodes and features) plus, for every recompute
+    node, an edge to each action node of a tensor its producer op reads -- and no other edge."""
+    from dqn_swap.trace import EventKind
+
+    cand = SwapRecomputeEnv(trace, "50%", recompute_chains=True).graph
+    flow = SwapRecomputeEnv(trace, "50%", recompute_chains=True, graph="dataflow").graph
+    assert flow.n_nodes == cand.n_nodes and np.array_equal(flow.x_static, cand.x_static)
+    assert np.array_equal(flow.tensor, cand.tensor) and np.array_equal(flow.kind, cand.kind)
+
+    def pairs(g):
+        return {(int(a), int(b)) for a, b in g.edge_index.T}
+
+    reads: dict[int, set[int]] = {}
+    for e in np.flatnonzero(trace.event_kind == EventKind.READ):
+        reads.setdefault(int(trace.event_op[e]), set()).add(int(trace.event_tensor[e]))
+    expected = set()
+    for i in np.flatnonzero(cand.kind == RECOMPUTE):
+        inputs = reads.get(int(trace.tensor_alloc_op[cand.tensor[i]]), set()) - {int(cand.tensor[i])}
+        for j in np.flatnonzero(np.isin(cand.tensor, sorted(inputs))):
+            expected |= {(int(i), int(j)), (int(j), int(i))}
+    added = pairs(flow) - pairs(cand)
+    assert expected, "the test trace has removals that read other candidates"
+    assert added == expected - pairs(cand) and pairs(cand) <= pairs(flow)
+    assert flow.edge_index.shape[1] == flow.edge_attr.shape[0]
 
 
 def test_memory_limit_forms(trace, tmp_path):
