@@ -27,7 +27,7 @@ what its episodes cannot reach.
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_generalization import geomean  # noqa: E402
 from common import write_json  # noqa: E402
 from dqn_swap.files import write_text  # noqa: E402
 
@@ -61,15 +62,11 @@ def replay(trace: Any, plan: Any, chains: bool) -> dict[str, Any]:
             "ratio": (1.0 + float(res.overhead)) / base if res.feasible else UNFIT}
 
 
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.plan import Plan
     from dqn_swap.trace import Trace
 
-    table = __import__("json").loads(Path(args.best_known).read_text())["cells"]
+    table = json.loads(Path(args.best_known).read_text())["cells"]
     traces: dict[str, Any] = {}
     for path in sorted((ROOT / "runs" / "corpus").glob("*/*.trace")):
         t = Trace.load(path)

@@ -139,32 +139,29 @@ def _tf_time(t: np.ndarray, scale: float) -> np.ndarray:
     return np.log1p(np.maximum(np.asarray(t, dtype=np.float64), 0.0) / scale)
 
 
-def _input_pairs(trace: Trace, a_tensor: np.ndarray, a_kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _input_pairs(op_inputs: list[tuple[int, ...]], alloc_op: np.ndarray, a_tensor: np.ndarray,
+                 a_kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Node pairs (1-based, as in the candidates graph) joining each recompute node to every action
-    node of a tensor its producer op reads (the ``"dataflow"`` graph's edges)."""
+    node of a tensor its producer op reads and did not allocate (``op_inputs``, a re-run's inputs:
+    :attr:`dqn_swap.simulator.index.TraceIndex.op_inputs`): the ``"dataflow"`` graph's edges."""
     by_tensor: dict[int, list[int]] = {}
     for i, t in enumerate(a_tensor.tolist()):
         by_tensor.setdefault(int(t), []).append(i)
-    reads = trace.event_kind == EventKind.READ
-    read_op, read_tensor = trace.event_op[reads], trace.event_tensor[reads]
-    inputs: dict[int, set[int]] = {}
-    for op, t in zip(read_op.tolist(), read_tensor.tolist()):
-        if int(t) in by_tensor:
-            inputs.setdefault(int(op), set()).add(int(t))
     src: list[int] = []
     dst: list[int] = []
     for i in np.flatnonzero(a_kind == RECOMPUTE).tolist():
-        t = int(a_tensor[i])
-        producer = int(trace.tensor_alloc_op[t])
-        for u in sorted(inputs.get(producer, ())):
-            if u != t:
-                for j in by_tensor[u]:
-                    src.append(1 + i); dst.append(1 + j)
+        for u in sorted(set(op_inputs[int(alloc_op[int(a_tensor[i])])])):
+            for j in by_tensor.get(int(u), ()):
+                src.append(1 + i); dst.append(1 + j)
     return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
 
 
-def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = "candidates") -> ActionGraph:  # noqa: ANN001
-    """Choose the action nodes of ``trace`` and build the graph the agent sees."""
+def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = "candidates",  # noqa: ANN001
+                       op_inputs: list[tuple[int, ...]] | None = None) -> ActionGraph:
+    """Choose the action nodes of ``trace`` and build the graph the agent sees.
+
+    ``op_inputs`` (the ``"dataflow"`` graph only): per op, the tensors a re-run of it reads, as the
+    simulator's :class:`~dqn_swap.simulator.index.TraceIndex` has them (built here when not given)."""
     if mode not in GRAPHS:
         raise ValueError(f"unknown graph {mode!r}; choose one of: {', '.join(GRAPHS)}")
     swap_ok, rec_ok = valid_event_masks(valid)
@@ -232,7 +229,11 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
             a, b = 1 + by_t[pair], 1 + by_t[pair + 1]
             src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
             if mode == "dataflow":
-                a, b = _input_pairs(trace, a_tensor, a_kind)
+                if op_inputs is None:
+                    from dqn_swap.simulator.index import TraceIndex
+
+                    op_inputs = TraceIndex(trace).op_inputs
+                a, b = _input_pairs(op_inputs, trace.tensor_alloc_op, a_tensor, a_kind)
                 src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
         s = np.concatenate(src) if src else np.zeros(0, np.int64)
         d = np.concatenate(dst) if dst else np.zeros(0, np.int64)

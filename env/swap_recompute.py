@@ -221,7 +221,8 @@ class SwapRecomputeEnv(gym.Env):
         self.memory_limit = resolve_limit(trace, memory_limit)
         self.sim = simulator if simulator is not None else Simulator(trace, self.memory_limit, self.profile)
         self.graph = action_graph if action_graph is not None else build_action_graph(
-            trace, self.profile, self.sim.valid_actions(), graph)
+            trace, self.profile, self.sim.valid_actions(), graph,
+            op_inputs=self.sim.index.op_inputs if graph == "dataflow" else None)
         self.infeasible_penalty = float(infeasible_penalty)
         self.invalid_penalty = float(invalid_penalty)
         self.render_mode = render_mode

@@ -110,7 +110,8 @@ def test_no_node_stands_for_two_actions(trace, mode):
 
 def test_dataflow_graph_joins_a_removal_to_the_inputs_it_re_runs(trace):
     """The dataflow graph is the candidates graph (same nodes and features) plus, for every recompute
-    node, an edge to each action node of a tensor its producer op reads -- and no other edge."""
+    node, an edge to each action node of a tensor its producer op reads and did not allocate (what
+    a re-run needs) -- and no other edge."""
     from dqn_swap.trace import EventKind
 
     cand = SwapRecomputeEnv(trace, "50%", recompute_chains=True).graph
@@ -126,7 +127,8 @@ def test_dataflow_graph_joins_a_removal_to_the_inputs_it_re_runs(trace):
         reads.setdefault(int(trace.event_op[e]), set()).add(int(trace.event_tensor[e]))
     expected = set()
     for i in np.flatnonzero(cand.kind == RECOMPUTE):
-        inputs = reads.get(int(trace.tensor_alloc_op[cand.tensor[i]]), set()) - {int(cand.tensor[i])}
+        producer = int(trace.tensor_alloc_op[cand.tensor[i]])
+        inputs = {u for u in reads.get(producer, set()) if trace.tensor_alloc_op[u] != producer}
         for j in np.flatnonzero(np.isin(cand.tensor, sorted(inputs))):
             expected |= {(int(i), int(j)), (int(j), int(i))}
     added = pairs(flow) - pairs(cand)
