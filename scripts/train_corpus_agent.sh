@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train the shipped agent (checkpoints/default.pt) from nothing, one command on the CPU.
+# Train an agent on the whole training corpus from nothing, one command on the CPU.  It is not the
+# shipped agent (checkpoints/default.pt): docs/learning.md, "Expert iteration", compares the two.
 #
 # Corpus: two generated networks of each of the generator's 10 training families
 # (dqn_swap/models/generator.py; each at its own batch size, device profile and precision) and
@@ -15,8 +16,7 @@
 # start as the best baseline's plan polished by local search and are improved every 2,000 steps
 # by dqn-search with the agent's own Q, plus the greedy agent's own states labelled by them
 # (demo_dagger); 3,000 pre-training updates, three quarters of every mini-batch from the
-# demonstrations, learning rate 5e-4, 12,000 steps, one thread.  checkpoints/README.md says what
-# it took and what it scores.
+# demonstrations, learning rate 5e-4, 12,000 steps, one thread.
 #
 #   bash scripts/train_corpus_agent.sh [OUTPUT]     (default runs/corpus_agent.pt)
 set -euo pipefail
