@@ -6,7 +6,8 @@
 # arm on one network of each of the generator's 10 training families at 90/70/50/30 % (40 cells).
 # The narrow arm trains on the five zoo networks the first shipped agent saw (20 cells); the
 # cross-entropy arm imitates by cross-entropy over the valid actions instead of the margin; the 24k arm
-# trains four times as long.  The chains arms offer every removal the simulator allows
+# trains four times as long, with two seeds, and on the corpus of scripts/train_corpus_agent.sh
+# (two networks a family and six zoo networks).  The chains arms offer every removal the simulator allows
 # (recompute_chains=True), without which the environment cannot reach the best plans known
 # (benchmarks/bench_env_ceiling.py), two seeds each with the candidates graph and with the dataflow
 # graph (graph=dataflow: a removal joined to the inputs it re-runs); then the chains arm trained
@@ -31,6 +32,9 @@ print(' '.join(s.name for s in corpus('train', 2)))")
 gen4=$("$PY" -c "from dqn_swap.models.generator import corpus
 print(' '.join(s.name for s in corpus('train', 4)))")
 zoo="resnet_tiny:8 gpt_tiny:4 resnet18:32 lstm_short:64 resnet50:64"
+corpus="$("$PY" -c "from dqn_swap.models.generator import corpus
+print(' '.join(s.name for s in sorted(corpus('train', 2), key=lambda s: (s.family, s.seed))))")
+resnet50:64 vgg16:64 unet:8 gpt:8 lstm_short:64 resnet18:32"  # scripts/train_corpus_agent.sh's networks
 common=(--memory-limits 90%,70%,50%,30% --steps 6000 --threads 1 --set demonstrations=best-baseline
         --set demo_pretrain_steps=2000 --set learning_rate=5e-4 --set eval_every=2000 --force)
 expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_every=2000 --set demo_fraction=0.75)
@@ -42,6 +46,8 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set p=64 -o "$out/expert_p64.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set demo_loss=cross_entropy -o "$out/expert_ce.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 -o "$out/expert_24k.pt"
+  "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 --seed 1 -o "$out/expert_24k_s1.pt"
+  "$PY" -m dqn_swap train $corpus "${common[@]}" "${expert[@]}" --steps 24000 -o "$out/corpus_24k.pt"
   chains=(--set recompute_chains=True)
   for seed in 0 1; do
     "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" "${chains[@]}" --seed $seed -o "$out/chains_s$seed.pt"
@@ -58,7 +64,8 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
 }
 arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
       expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"
-      expert-24k="$out/expert_24k.pt" chains="$out/chains_s0.pt" chains-s1="$out/chains_s1.pt"
+      expert-24k="$out/expert_24k.pt" expert-24k-s1="$out/expert_24k_s1.pt" corpus-24k="$out/corpus_24k.pt"
+      chains="$out/chains_s0.pt" chains-s1="$out/chains_s1.pt"
       dataflow="$out/dataflow_s0.pt" dataflow-s1="$out/dataflow_s1.pt" chains-24k="$out/chains_24k.pt"
       chains-2pf="$out/chains_2pf.pt" dataflow-2pf="$out/dataflow_2pf.pt" chains-4pf="$out/chains_4pf.pt"
       td+search-demos-chains="$out/td_search_chains.pt")
