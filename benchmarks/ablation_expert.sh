@@ -13,7 +13,8 @@
 # graph (graph=dataflow: a removal joined to the inputs it re-runs); then the chains arm trained
 # longer, on two and four networks a family, and TD learning with it.  The agents are then planned,
 # alone and in one pass, on two networks of each validation family at four limits (40 cells),
-# beside the shipped agent, and on the test families' 56 cells against the best plans known:
+# beside the shipped agent, and on the test families' 56 cells against the best plans known.
+# The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble):
 #
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
@@ -68,7 +69,11 @@ arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert=
       chains="$out/chains_s0.pt" chains-s1="$out/chains_s1.pt"
       dataflow="$out/dataflow_s0.pt" dataflow-s1="$out/dataflow_s1.pt" chains-24k="$out/chains_24k.pt"
       chains-2pf="$out/chains_2pf.pt" dataflow-2pf="$out/dataflow_2pf.pt" chains-4pf="$out/chains_4pf.pt"
-      td+search-demos-chains="$out/td_search_chains.pt")
+      td+search-demos-chains="$out/td_search_chains.pt"
+      ensemble-24k="$out/expert_24k.pt+$out/expert_24k_s1.pt"
+      ensemble-24k+expert="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert.pt"
+      ensemble-shipped+24k="checkpoints/default.pt+$out/expert_24k.pt+$out/expert_24k_s1.pt"
+      ensemble-chains="$out/chains_s0.pt+$out/chains_s1.pt" ensemble-dataflow="$out/dataflow_s0.pt+$out/dataflow_s1.pt")
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
     --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \

@@ -40,6 +40,8 @@ Examples::
 
 ``--agents LABEL=PATH ...`` compares several agents on the same cells (an ablation: planners
 ``dqn[LABEL]`` and, with ``--search``, ``dqn-search[LABEL]``); the markdown is then their scorecards.
+``LABEL=PATH+PATH...`` is the ensemble of those agents (the mean of their Q-values,
+:class:`dqn_swap.agents.dqn.policy.QEnsemble`).
 
 ``--reuse RESULT.json`` takes the figures of the planners that do not learn (the baselines, the
 switches, the fixed rules, ``optimal`` and the polished best baseline) from an earlier result of
@@ -373,12 +375,14 @@ def trained_families(path: str | Path) -> dict[str, Any]:
     training environment is named ``MODEL@LIMIT`` and the model's family is
     :func:`dqn_swap.models.generator.family_of`'s (generated networks and zoo networks alike).
     ``unknown``: the models whose family cannot be told (a trace without a model name is named by
-    its fingerprint; a network of no family)."""
+    its fingerprint; a network of no family).  ``PATH+PATH...`` (an ensemble): every member's."""
     from dqn_swap.agents.dqn.agent_file import load_agent
     from dqn_swap.models.generator import family_of
 
-    _, _, obj = load_agent(path)
-    envs = list(obj.get("training", {}).get("environments", []))
+    envs = []
+    for member in str(path).split("+"):
+        _, _, obj = load_agent(member)
+        envs += list(obj.get("training", {}).get("environments", []))
     families: set[str] = set()
     unknown: set[str] = set()
     for env in envs:
@@ -432,10 +436,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sources = {"": args.agent}
     agents = []
     for label, source in sources.items():
+        agent = str(source).split("+") if "+" in str(source) else source  # PATH+PATH...: an ensemble
         suffix = f"[{label}]" if label else ""
         for kind in ("dqn", *(["dqn-search"] if args.search else [])):
             s = search if kind == "dqn-search" else {}
-            planners[kind + suffix] = get_planner(kind, agent=source, threads=1, **s)
+            planners[kind + suffix] = get_planner(kind, agent=agent, threads=1, **s)
             settings[kind + suffix] = {"planner": kind, "agent": str(source), **s}
             agents.append(kind + suffix)
     if args.long_search:

@@ -28,7 +28,7 @@ import torch
 from dqn_swap.files import not_a_regular_file, write_atomically
 
 from .config import DQNConfig
-from .policy import QNetwork
+from .policy import QEnsemble, QNetwork
 
 FORMAT = "dqn-swap-agent"
 VERSION = 1
@@ -99,6 +99,36 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork, DQNConfig, dict[
         raise AgentFileError(f"{path}: corrupt agent file ({first[:160]})") from None
     net.eval()
     return net, config, obj
+
+
+#: The configuration fields that make an agent's environment and its rewards: the agents of an
+#: ensemble must agree on them, since they read the same observations (:func:`load_ensemble`).
+ENVIRONMENT_FIELDS = ("graph", "recompute_chains", "reward", "infeasible_penalty", "invalid_penalty", "reward_scale")
+
+
+def load_ensemble(paths: "list[str | os.PathLike[str]]") -> tuple[QEnsemble, DQNConfig, list[dict[str, Any]]]:
+    """``(the mean of the agents' Q-values, the first agent's config, the files' dicts)`` for two or
+    more agent files (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`); raises
+    :class:`AgentFileError` naming the file when one does not load, or plans in another environment
+    than the first (a field of :data:`ENVIRONMENT_FIELDS` differs)."""
+    if len(paths) < 2:
+        raise AgentFileError("an ensemble needs at least two agent files")
+    nets, objs = [], []
+    config = None
+    for path in paths:
+        net, c, obj = load_agent(path)
+        if config is None:
+            config = c
+        else:
+            diff = [f for f in ENVIRONMENT_FIELDS if getattr(c, f) != getattr(config, f)]
+            if diff:
+                raise AgentFileError(f"{path}: plans in another environment than {paths[0]} ({diff[0]} "
+                                     f"{getattr(c, diff[0])!r}, not {getattr(config, diff[0])!r}); an ensemble's "
+                                     "agents must agree on " + ", ".join(ENVIRONMENT_FIELDS))
+        nets.append(net)
+        objs.append(obj)
+    assert config is not None
+    return QEnsemble(nets).eval(), config, objs
 
 
 def save_resume(path: Path, state: dict[str, Any]) -> Path:

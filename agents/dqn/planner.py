@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ from dqn_swap.limits import LimitSpec
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from ..local_search import polish
-from .agent_file import load_agent
+from .agent_file import load_agent, load_ensemble
 from .config import DQNConfig
 from .demonstrations import DemoStep
 from .policy import GraphBatcher, QNetwork, q_values
@@ -310,14 +310,23 @@ class DQNPlanner:
     #: Whether :meth:`plan` improves the decoded plan by local search (:mod:`..local_search`).
     polish_default = False
 
-    def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, threads: int | None = None,
-                 recompute_chains: bool | None = None, decode: str = "auto", polish: bool | None = None,
-                 polish_simulations: int | None = None, polish_seconds: float | None = None) -> None:
+    def __init__(self, agent_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None, *,
+                 threads: int | None = None, recompute_chains: bool | None = None, decode: str = "auto",
+                 polish: bool | None = None, polish_simulations: int | None = None,
+                 polish_seconds: float | None = None) -> None:
+        """``agent_path``: an agent file (default the shipped agent), or a list of two or more that
+        plan in the same environment: their ensemble, decoded by the mean of their Q-values
+        (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`)."""
         if decode not in DQN_DECODINGS:
             raise ValueError(f"unknown decoding {decode!r}; choose one of: {', '.join(DQN_DECODINGS)}")
         self.decode = decode
-        self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
-        self.net, self.config, ckpt = load_agent(self.agent_path)
+        if isinstance(agent_path, (list, tuple)):
+            self.agent_path: Path | list[Path] = [Path(p) for p in agent_path]
+            self.net, self.config, ckpts = load_ensemble(self.agent_path)
+            ckpt = {"training": {"ensemble": [c.get("training", {}) for c in ckpts]}}
+        else:
+            self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
+            self.net, self.config, ckpt = load_agent(self.agent_path)
         if recompute_chains is not None:  # plan in another environment than the agent's own
             self.config = self.config.replace(recompute_chains=bool(recompute_chains))
         self.training = ckpt.get("training", {})
@@ -328,7 +337,8 @@ class DQNPlanner:
         self.polish_seconds = polish_seconds
 
     def _settings(self, **extra: Any) -> dict[str, Any]:
-        return {"agent": str(self.agent_path), "graph": self.config.graph,
+        agent = [str(p) for p in self.agent_path] if isinstance(self.agent_path, list) else str(self.agent_path)
+        return {"agent": agent, "graph": self.config.graph,
                 "recompute_chains": self.config.recompute_chains, **extra}
 
     #: Greedy decoding reads only observations, and those do not depend on how an
@@ -398,7 +408,8 @@ class DQNSearchPlanner(DQNPlanner):
     decode_reward = None  # the lookahead adds rewards to Q-values: charge them as in training
     polish_default = True
 
-    def __init__(self, agent_path: str | os.PathLike[str] | None = None, *, k: int = 4,
+    def __init__(self, agent_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None, *,
+                 k: int = 4,
                  threads: int | None = None, recompute_chains: bool | None = None, polish: bool | None = None,
                  polish_simulations: int | None = None, polish_seconds: float | None = None,
                  decode: str = "auto", time_budget: float | None = DEFAULT_TIME_BUDGET) -> None:

@@ -172,6 +172,29 @@ class GraphBatcher:
         return torch.from_numpy(np.concatenate([np.asarray(st.valid, dtype=bool) for _, st in items]))
 
 
+class QEnsemble(nn.Module):
+    r"""The mean of several Q-networks' Q-values: :math:`\bar Q(s, a) = \frac1K \sum_k \hat Q_k(s, a)`.
+
+    Ours, after Averaged-DQN (Anschel, Baram and Shimkin, "Averaged-DQN: Variance Reduction and
+    Stabilization for Deep Reinforcement Learning", ICML 2017), which averages the Q-estimates of
+    one network's past snapshots to cut their variance; here the members are agents trained
+    apart (other seeds, lengths or widths) in the same environment. Greedy decoding of the mean
+    is still one pass: one Q read per decision, ``K`` networks' worth of arithmetic. Measured in
+    docs/learning.md ("Ensembles"): agents that differ by their seed alone differ on the test
+    families by more than most training options do, and their mean is ahead of every member on
+    the validation families.
+    """
+
+    def __init__(self, members: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError("an ensemble needs at least two agents")
+        self.members = nn.ModuleList(members)
+
+    def forward(self, *args: Tensor) -> Tensor:
+        return torch.stack([m(*args) for m in self.members]).mean(dim=0)
+
+
 def q_values(net: QNetwork, batcher: GraphBatcher, items: Sequence[tuple[int, DynamicState]]):  # noqa: ANN201
     """``(q, batch, offsets)``: Q of every node of every item, with the item index of each node."""
     x, ei, ea, b, cur, n, offsets = batcher.batch(items)
