@@ -9,10 +9,10 @@ Modules, Stable-Baselines3 style:
 * :mod:`.planner` -- :class:`DQNPlanner` (``dqn``) and :class:`DQNSearchPlanner` (``dqn-search``).
 """
 
-from .agent_file import AgentFileError, load_agent, save_agent
+from .agent_file import AgentFileError, load_agent, save_agent, save_ensemble
 from .config import DQNConfig
 from .planner import DEFAULT_AGENT, DQNPlanner, DQNSearchPlanner
-from .policy import QNetwork, S2VConv
+from .policy import QEnsemble, QNetwork, S2VConv
 
 
 def train(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
@@ -29,5 +29,5 @@ def finetune(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
     return _finetune(*args, **kwargs)
 
 
-__all__ = ["DEFAULT_AGENT", "AgentFileError", "DQNConfig", "DQNPlanner", "DQNSearchPlanner", "QNetwork",
-           "S2VConv", "finetune", "load_agent", "save_agent", "train"]
+__all__ = ["DEFAULT_AGENT", "AgentFileError", "DQNConfig", "DQNPlanner", "DQNSearchPlanner", "QEnsemble", "QNetwork",
+           "S2VConv", "finetune", "load_agent", "save_agent", "save_ensemble", "train"]

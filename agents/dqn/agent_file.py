@@ -8,6 +8,16 @@ An agent file (``.pt``; the shipped agents are in ``dqn_swap.checkpoints``) is a
      "config": {... DQNConfig ...}, "state_dict": {...},
      "trace_fingerprints": [...], "training": {...}}
 
+An *ensemble* file (:func:`save_ensemble`) holds two or more agents of one environment, each
+as above, and plans by the mean of their Q-values
+(:class:`~dqn_swap.agents.dqn.policy.QEnsemble`)::
+
+    {"format": "dqn-swap-ensemble", "version": 1, "members": [{... an agent file's dict ...}, ...],
+     "sources": ["the members' file names", ...]}
+
+:func:`load_agent` reads both kinds, so an ensemble file goes wherever an agent file does
+but where the agent is trained further (``finetune``, ``train --init-from``).
+
 Any problem (missing file, not an agent file, other version, corrupt weights)
 raises :class:`AgentFileError` with one line naming the file.  Saving never
 replaces an existing file unless ``overwrite=True``, and writes through a
@@ -33,6 +43,7 @@ from .policy import QEnsemble, QNetwork
 FORMAT = "dqn-swap-agent"
 VERSION = 1
 RESUME_FORMAT = "dqn-swap-agent-resume"
+ENSEMBLE_FORMAT = "dqn-swap-ensemble"
 
 
 class AgentFileError(ValueError):
@@ -56,7 +67,7 @@ def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *
     return _atomic_save(obj, Path(path), overwrite)
 
 
-def _load_raw(path: Path, fmt: str) -> dict[str, Any]:
+def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     special = not_a_regular_file(path)
     if special:
         raise AgentFileError(special)
@@ -75,7 +86,7 @@ def _load_raw(path: Path, fmt: str) -> dict[str, Any]:
             UnicodeDecodeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AgentFileError(f"{path}: corrupt or truncated agent file ({first[:120]})") from None
-    if not isinstance(obj, dict) or obj.get("format") != fmt:
+    if not isinstance(obj, dict) or obj.get("format") not in ((fmt,) if isinstance(fmt, str) else fmt):
         raise AgentFileError(f"{path}: not a dqn-swap agent file")
     if obj.get("version") != VERSION:
         raise AgentFileError(f"{path}: agent file format version {obj.get('version')} is not supported "
@@ -83,21 +94,52 @@ def _load_raw(path: Path, fmt: str) -> dict[str, Any]:
     return obj
 
 
-def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork, DQNConfig, dict[str, Any]]:
-    """``(network, config, the file's dict)``; raises :class:`AgentFileError`."""
+def _network(obj: Any) -> tuple[QNetwork, DQNConfig]:
+    """The network and config of one agent's dict; raises KeyError, TypeError, ValueError or RuntimeError."""
+    config = DQNConfig.from_dict(dict(obj["config"]))
+    net = QNetwork(config)
+    net.load_state_dict(obj["state_dict"])
+    bad = [k for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"weights {bad[0]} are not finite (NaN or infinity)")
+    return net.eval(), config
+
+
+def _check_environments(configs: list[DQNConfig], names: list[str]) -> None:
+    for c, name in zip(configs[1:], names[1:]):
+        diff = [f for f in ENVIRONMENT_FIELDS if getattr(c, f) != getattr(configs[0], f)]
+        if diff:
+            raise AgentFileError(f"{name}: plans in another environment than {names[0]} ({diff[0]} "
+                                 f"{getattr(c, diff[0])!r}, not {getattr(configs[0], diff[0])!r}); an ensemble's "
+                                 "agents must agree on " + ", ".join(ENVIRONMENT_FIELDS))
+
+
+def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNConfig, dict[str, Any]]:
+    """``(network, config, the file's dict)``; raises :class:`AgentFileError`.
+
+    For an ensemble file, the network is the :class:`~dqn_swap.agents.dqn.policy.QEnsemble` of its
+    agents, the config the first agent's, and the dict's ``training`` holds the members' training
+    environments together (``environments``) and each member's record (``members``)."""
     path = Path(path)
-    obj = _load_raw(path, FORMAT)
+    obj = _load_raw(path, (FORMAT, ENSEMBLE_FORMAT))
     try:
-        config = DQNConfig.from_dict(dict(obj["config"]))
-        net = QNetwork(config)
-        net.load_state_dict(obj["state_dict"])
-        bad = [k for k, v in obj["state_dict"].items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
-        if bad:
-            raise ValueError(f"weights {bad[0]} are not finite (NaN or infinity)")
+        if obj["format"] == ENSEMBLE_FORMAT:
+            members = list(obj["members"])
+            if len(members) < 2:
+                raise ValueError("an ensemble needs at least two agents")
+            loaded = [_network(m) for m in members]
+            sources = [str(x) for x in obj.get("sources", [f"agent {i}" for i in range(len(members))])]
+            _check_environments([c for _, c in loaded], [f"{path}: {s}" for s in sources])
+            training = {"environments": sorted({str(e) for m in members
+                                                for e in m.get("training", {}).get("environments", [])}),
+                        "members": [dict(m.get("training", {})) for m in members], "sources": sources}
+            return QEnsemble([n for n, _ in loaded]).eval(), loaded[0][1], {**obj, "training": training}
+        net, config = _network(obj)
+    except AgentFileError:
+        raise
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AgentFileError(f"{path}: corrupt agent file ({first[:160]})") from None
-    net.eval()
     return net, config, obj
 
 
@@ -109,26 +151,30 @@ ENVIRONMENT_FIELDS = ("graph", "recompute_chains", "reward", "infeasible_penalty
 def load_ensemble(paths: "list[str | os.PathLike[str]]") -> tuple[QEnsemble, DQNConfig, list[dict[str, Any]]]:
     """``(the mean of the agents' Q-values, the first agent's config, the files' dicts)`` for two or
     more agent files (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`); raises
-    :class:`AgentFileError` naming the file when one does not load, or plans in another environment
-    than the first (a field of :data:`ENVIRONMENT_FIELDS` differs)."""
+    :class:`AgentFileError` naming the file when one does not load, is itself an ensemble, or plans
+    in another environment than the first (a field of :data:`ENVIRONMENT_FIELDS` differs)."""
     if len(paths) < 2:
         raise AgentFileError("an ensemble needs at least two agent files")
-    nets, objs = [], []
-    config = None
+    nets, configs, objs = [], [], []
     for path in paths:
         net, c, obj = load_agent(path)
-        if config is None:
-            config = c
-        else:
-            diff = [f for f in ENVIRONMENT_FIELDS if getattr(c, f) != getattr(config, f)]
-            if diff:
-                raise AgentFileError(f"{path}: plans in another environment than {paths[0]} ({diff[0]} "
-                                     f"{getattr(c, diff[0])!r}, not {getattr(config, diff[0])!r}); an ensemble's "
-                                     "agents must agree on " + ", ".join(ENVIRONMENT_FIELDS))
+        if isinstance(net, QEnsemble):
+            raise AgentFileError(f"{path}: is an ensemble already; name its agents instead")
         nets.append(net)
+        configs.append(c)
         objs.append(obj)
-    assert config is not None
-    return QEnsemble(nets).eval(), config, objs
+    _check_environments(configs, [str(p) for p in paths])
+    return QEnsemble(nets).eval(), configs[0], objs
+
+
+def save_ensemble(path: str | os.PathLike[str], agents: "list[str | os.PathLike[str]]", *,
+                  overwrite: bool = False) -> Path:
+    """Write the ensemble of two or more agent files of one environment as one file (the module
+    docstring); raises :class:`AgentFileError` as :func:`load_ensemble` does."""
+    _, _, objs = load_ensemble(agents)
+    obj = {"format": ENSEMBLE_FORMAT, "version": VERSION, "members": objs,
+           "sources": [Path(p).name for p in agents]}
+    return _atomic_save(obj, Path(path), overwrite)
 
 
 def save_resume(path: Path, state: dict[str, Any]) -> Path:

@@ -31,7 +31,7 @@ from .buffer import NStepAccumulator, ReplayBuffer
 from .agent_file import (AgentFileError, load_agent, load_resume, resume_path, save_agent, save_resume)
 from .config import DQNConfig
 from .planner import episode_summary, greedy_episode, make_env, torch_threads
-from .policy import GraphBatcher, QNetwork, masked_argmax, q_values
+from .policy import GraphBatcher, QEnsemble, QNetwork, masked_argmax, q_values
 from torch_geometric.utils import scatter
 
 
@@ -305,6 +305,8 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     q_net = QNetwork(config)
     if init_from is not None:
         src, _, _ = load_agent(init_from)
+        if isinstance(src, QEnsemble):
+            raise AgentFileError(f"{init_from}: is an ensemble of agents; start from one of them")
         try:
             q_net.load_state_dict(src.state_dict())
         except RuntimeError:
@@ -545,7 +547,9 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
     other field.  The starting agent is evaluated first, so the result is never
     worse than it on these traces.  Other keyword arguments go to :func:`train`.
     """
-    _, config, _ = load_agent(agent_file)
+    src, config, _ = load_agent(agent_file)
+    if isinstance(src, QEnsemble):
+        raise AgentFileError(f"{agent_file}: is an ensemble of agents; fine-tune one of them")
     config = config.replace(start_e=start_e, learning_starts=learning_starts, exploration_fraction=0.3,
                             learning_rate=config.learning_rate * lr_factor,
                             total_timesteps=total_timesteps or max(config.total_timesteps // 4, 1000))

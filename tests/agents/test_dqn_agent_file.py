@@ -94,4 +94,6 @@ def test_shipped_agents_load_and_stay_small():
     for path in shipped:
         net, config, ckpt = load_agent(path)
         assert Path(path).stat().st_size < 4 * 2**20, path
-        assert ckpt["training"]["evaluations"], path  # the training curve travels with the agent
+        records = ckpt["training"]["members"] if ckpt["format"] == "dqn-swap-ensemble" else [ckpt["training"]]
+        for training in records:  # the training curve travels with the agent (with each of an ensemble's)
+            assert training["evaluations"], path

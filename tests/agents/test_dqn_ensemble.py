@@ -58,3 +58,43 @@ def test_agents_of_another_environment_are_refused_in_one_line(tmp_path):
         load_ensemble([a])
     with pytest.raises(ValueError, match="at least two"):
         QEnsemble([QNetwork(DQNConfig(p=8, T=2))])
+
+
+def test_an_ensemble_file_plans_as_its_agents_named_one_by_one(tmp_path, tiny_resnet_trace):
+    """save_ensemble writes one file (plain data, weights_only) that plans as the list of its agents,
+    goes wherever an agent file does, and is refused where an agent is trained further."""
+    from dqn_swap.agents.dqn import finetune, load_agent, save_ensemble
+    from dqn_swap.limits import resolve_limit
+
+    paths = [agent(tmp_path, f"a{i}.pt", i) for i in range(2)]
+    out = save_ensemble(tmp_path / "e.pt", paths)
+    raw = torch.load(out, weights_only=True)
+    assert raw["format"] == "dqn-swap-ensemble" and len(raw["members"]) == 2 and raw["sources"] == ["a0.pt", "a1.pt"]
+    net, config, obj = load_agent(out)
+    assert isinstance(net, QEnsemble) and config.p == 8 and len(obj["training"]["members"]) == 2
+    limit = resolve_limit(tiny_resnet_trace, "40%")
+    one = DQNPlanner(str(out), threads=1).plan(tiny_resnet_trace, limit)
+    listed = DQNPlanner(paths, threads=1).plan(tiny_resnet_trace, limit)
+    assert one.actions == listed.actions and one.figures == listed.figures
+    with pytest.raises(FileExistsError):
+        save_ensemble(out, paths)  # nothing a user saved is overwritten
+    with pytest.raises(AgentFileError, match="ensemble already"):
+        save_ensemble(tmp_path / "e2.pt", [str(out), paths[0]])
+    with pytest.raises(AgentFileError, match="fine-tune one of them"):
+        finetune(str(out), [tiny_resnet_trace], ["50%"], tmp_path / "f.pt")
+
+
+def test_the_ensemble_command(tmp_path, capsys):
+    from dqn_swap.cli import main
+
+    a, b = agent(tmp_path, "a.pt", 0), agent(tmp_path, "b.pt", 1)
+    out = tmp_path / "e.pt"
+    assert main(["ensemble", a, b, "-o", str(out), "--json"]) == 0
+    assert '"bytes"' in capsys.readouterr().out and out.is_file()
+    before = out.read_bytes()
+    assert main(["ensemble", a, b, "-o", str(out)]) == 2  # never replaced without --force
+    assert out.read_bytes() == before
+    c = agent(tmp_path, "c.pt", 2, graph="dataflow")
+    assert main(["ensemble", a, c, "-o", str(tmp_path / "f.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "c.pt" in err[-1] and "graph" in err[-1] and not (tmp_path / "f.pt").exists()
