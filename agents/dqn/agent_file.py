@@ -94,6 +94,11 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     return obj
 
 
+#: The configuration fields that make an agent's environment and its rewards: the agents of an
+#: ensemble must agree on them, since they read the same observations (:func:`load_ensemble`).
+ENVIRONMENT_FIELDS = ("graph", "recompute_chains", "reward", "infeasible_penalty", "invalid_penalty", "reward_scale")
+
+
 def _network(obj: Any) -> tuple[QNetwork, DQNConfig]:
     """The network and config of one agent's dict; raises KeyError, TypeError, ValueError or RuntimeError."""
     config = DQNConfig.from_dict(dict(obj["config"]))
@@ -141,11 +146,6 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNC
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AgentFileError(f"{path}: corrupt agent file ({first[:160]})") from None
     return net, config, obj
-
-
-#: The configuration fields that make an agent's environment and its rewards: the agents of an
-#: ensemble must agree on them, since they read the same observations (:func:`load_ensemble`).
-ENVIRONMENT_FIELDS = ("graph", "recompute_chains", "reward", "infeasible_penalty", "invalid_penalty", "reward_scale")
 
 
 def load_ensemble(paths: "list[str | os.PathLike[str]]") -> tuple[QEnsemble, DQNConfig, list[dict[str, Any]]]:

@@ -323,7 +323,7 @@ class DQNPlanner:
         if isinstance(agent_path, (list, tuple)):
             self.agent_path: Path | list[Path] = [Path(p) for p in agent_path]
             self.net, self.config, ckpts = load_ensemble(self.agent_path)
-            ckpt = {"training": {"ensemble": [c.get("training", {}) for c in ckpts]}}
+            ckpt = {"training": {"members": [c.get("training", {}) for c in ckpts]}}  # as an ensemble file's
         else:
             self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
             self.net, self.config, ckpt = load_agent(self.agent_path)
