@@ -37,8 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generalization import geomean  # noqa: E402
-from common import write_json  # noqa: E402
-from dqn_swap.files import write_text  # noqa: E402
+from common import publish  # noqa: E402
 
 #: A replay that ends without fitting counts as this ratio in the geometric means.
 UNFIT = 2.0
@@ -125,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"bench_env_ceiling: {e}", file=sys.stderr)
         return 2
-    write_json(result, args.json)
-    text = markdown(result)
-    print(text)
-    if args.md:
-        write_text(Path(args.md), text, overwrite=True)
+    publish(result, markdown(result), args.json, args.md)
     return 0
 
 

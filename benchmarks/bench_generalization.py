@@ -64,9 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import DEFAULT_AGENT, LIMITS, pct, provenance, slug, write_json  # noqa: E402
+from common import DEFAULT_AGENT, LIMITS, pct, provenance, publish, slug, write_json  # noqa: E402
 from dqn_swap.agents import planner_names  # noqa: E402
-from dqn_swap.files import write_text  # noqa: E402
 
 CORPUS = ROOT / "runs" / "corpus"
 
@@ -686,11 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bench_generalization: {e}", file=sys.stderr)
         return 2
-    write_json(result, args.json)
-    text = markdown(result)
-    print(text)
-    if args.md:
-        write_text(Path(args.md), text, overwrite=True)
+    publish(result, markdown(result), args.json, args.md)
     return 0
 
 

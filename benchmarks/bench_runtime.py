@@ -353,7 +353,8 @@ def memory(args: argparse.Namespace) -> int:
         for planner in args.planners.split(","):
             for pct in args.limits.split(","):
                 limit = resolve_memory_limit(trace, pct)
-                plan = get_planner(planner).plan(trace, limit)
+                agent = {"agent": args.agent} if args.agent and planner in ("dqn", "dqn-search") else {}
+                plan = get_planner(planner, **agent).plan(trace, limit)
                 result = simulate(trace, plan)
                 if not plan.actions or not result.feasible:
                     continue
@@ -507,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                         "measured_cpu_peak's one-batch loop")
     m.add_argument("--planners", default="greedy,vdnn,lru,sqrt-n,window,tflms,layrub,dqn",
                    help="planners of dqn-swap run (the baselines, dqn, swap-all, recompute-all)")
+    m.add_argument("--agent", help="agent file of the dqn planners (default: the shipped agent, checkpoints/default.pt)")
     m.add_argument("--limits", default="70%,50%,30%")
     m.add_argument("--threads", type=int, default=1)
     m.add_argument("--late-copies", type=float, default=0.0, metavar="SECONDS",

@@ -81,6 +81,15 @@ def provenance() -> dict[str, Any]:
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
 
 
+def publish(result: dict[str, Any], text: str, json_path: str | Path | None, md_path: str | Path | None) -> None:
+    """A benchmark's result: ``result`` as JSON (:func:`write_json`), ``text`` (its markdown) printed and
+    written as ``md_path`` (nothing for an empty path)."""
+    write_json(result, json_path)
+    print(text)
+    if md_path:
+        write_text(Path(md_path), text, overwrite=True)
+
+
 def write_json(obj: dict[str, Any], path: str | Path | None) -> None:
     """Write ``obj`` with :func:`provenance` in front as ``path`` (nothing when ``path`` is empty)."""
     if path:
