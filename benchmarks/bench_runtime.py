@@ -89,6 +89,12 @@ def markdown(gpu: str, reports: list[dict[str, Any]], result: dict[str, Any] | N
                      f"{f('throughput_vs_unplanned')} | {f('throughput_vs_torch-checkpoint')} | "
                      f"{f('throughput_vs_save_on_cpu')} | {f('measured_overhead')} | {f('predicted_overhead')} | "
                      f"{f('simulator_step_time_error')} |")
+    held = [r for r in reports if r.get("trace", {}).get("outside_bytes")]
+    if held:
+        lines.append("")
+        lines += [f"{r['model']}: the device held {r['trace']['outside_bytes'] / 2**20:.1f} MiB outside the recorded "
+                  "iteration (cuBLAS's workspaces); the plan's own bytes were held to the limit less these."
+                  for r in held]
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,12 @@ A limit is written in one of three forms:
 * **bytes**: an ``int``, or a size with a unit (``"8GiB"``, ``"512MB"``,
   ``"1e9"``).
 
+Sizes and multiples are of the **device's** memory, as the allocator counts it.
+A trace recorded on a GPU notes what the device held outside the recorded
+iteration (cuBLAS's workspaces, :attr:`Trace.outside_bytes
+<dqn_swap.trace.Trace.outside_bytes>`); those bytes come off, and the plan's own
+bytes are held to the rest.  Percentages are of the trace's own bytes.
+
 **A bare number means bytes.**  One in ``(0, 1]`` (``0.5`` or ``"0.5"``) is
 refused as ambiguous, since it could mean any of the three: write ``"50%"``,
 ``"0.5x"`` or a size.  Results are rounded to the nearest byte (halves to
@@ -110,28 +116,41 @@ class MemoryLimit:
 
     # ---------------------------------------------------------------- resolving
     def resolve(self, trace: "Trace", *, unplanned_peak: int | None = None, check_minimum: bool = True) -> int:
-        """The limit in bytes for ``trace``.
+        """The bytes the plan of ``trace`` may hold: what simulators, planners and the runtime compare.
 
-        ``unplanned_peak``: the base of a multiple (default the trace's peak).
+        A percentage is of the trace's own range.  A size or a multiple is of the
+        device's memory, from which the bytes the device held outside the recorded
+        iteration (:attr:`Trace.outside_bytes <dqn_swap.trace.Trace.outside_bytes>`,
+        measured on a GPU; 0 elsewhere) come off: the allocator's peak counts them
+        beside the plan's.
+        ``unplanned_peak``: the base of a multiple, measured on the device (default
+        the trace's peak plus its outside bytes).
         ``check_minimum``: refuse a limit below the least memory any plan needs.
         """
         low, high = int(trace.minimum_memory), int(trace.peak_bytes)
         if self.kind == "percent":
             return int(round(low + self.value / 100 * (high - low)))
+        # Sizes and multiples are the device's memory: what the device held outside the traced
+        # iteration as it was recorded (cuBLAS's workspaces, Trace.outside_bytes) stays there beside
+        # the plan, so the plan's own bytes get the rest.
+        outside = trace.outside_bytes
         if self.kind == "times":
-            limit = int(round(self.value * (unplanned_peak if unplanned_peak is not None else high)))
+            device = int(round(self.value * (unplanned_peak if unplanned_peak is not None else high + outside)))
         else:
-            limit = int(self.value)
-        if limit > MAX_BYTES:
-            raise MemoryLimitError(f"memory limit {self} is beyond any device ({format_bytes(limit)}; "
+            device = int(self.value)
+        if device > MAX_BYTES:
+            raise MemoryLimitError(f"memory limit {self} is beyond any device ({format_bytes(device)}; "
                                    f"{format_bytes(MAX_BYTES)} at most)")
+        limit = device - outside
         if check_minimum and limit < low:
+            held = (f"; {format_bytes(outside)} of it held on the device outside the recorded iteration, as cuBLAS's "
+                    "workspaces are" if outside else "")
             raise MemoryLimitError(
-                f"memory limit {format_bytes(limit)} is below the minimum any plan needs for this trace, "
-                f"{format_bytes(low)} ({low} bytes: what stays on the device at its busiest op, "
+                f"memory limit {format_bytes(device)} is below the minimum any plan needs for this trace, "
+                f"{format_bytes(low + outside)} ({low + outside} bytes: what stays on the device at its busiest op, "
                 f"{trace.op_label(trace.minimum_memory_op)}, even with every saved activation moved away between "
-                "its last forward use and its next use)")
-        return limit
+                f"its last forward use and its next use{held})")
+        return max(limit, 0)
 
     def __str__(self) -> str:
         if self.kind == "percent":

@@ -297,6 +297,18 @@ class Trace:
         return int(self.op_memory.max()) if self.n_ops else self.initial_bytes
 
     @property
+    def outside_bytes(self) -> int:
+        """Device bytes held outside the traced iteration as it was recorded on a GPU.
+
+        cuBLAS's and cuBLASLt's workspaces (made at the first matrix product and
+        kept), another model, a caller's tensors: the allocator counts them, the
+        trace does not.  0 for traces recorded on the CPU or the ``meta`` device.
+        A limit in bytes, or a multiple of the measured peak, is the device's:
+        :meth:`dqn_swap.limits.MemoryLimit.resolve` takes these bytes off it.
+        """
+        return max(0, int(self.meta.get("outside_bytes", 0) or 0))
+
+    @property
     def peak_op(self) -> int:
         return int(self.op_memory.argmax()) if self.n_ops else -1
 

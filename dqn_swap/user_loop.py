@@ -604,8 +604,13 @@ class AutoPlan:
         except ValueError as e:
             raise AutoPlanError(f"the recorded iteration is not a valid trace ({e}); please report it with "
                                 "the model") from None
+        # On a GPU, what the device held beside the step's own state as it began (cuBLAS's workspaces,
+        # the caller's tensors): a limit in bytes is the device's, these bytes come off it
+        # (Trace.outside_bytes, MemoryLimit.resolve).
+        outside = {"outside_bytes": max(0, int(rec.start_bytes) - trace.initial_bytes)} if self.device.type == "cuda" \
+            else {}
         trace = trace.with_durations(self.profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
-                                     timing="roofline")
+                                     timing="roofline", **outside)
         if trace.n_ops == 0 or not len(trace.saved):
             raise AutoPlanError("the step recorded no op that saves anything for backward: call the model and "
                                 "loss.backward() inside `with planned.step():`")

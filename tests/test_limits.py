@@ -88,3 +88,24 @@ def test_below_the_minimum_is_refused_with_the_minimum(trace) -> None:  # noqa: 
         with pytest.raises(MemoryLimitError, match=format_bytes(low)):
             SwapRecomputeEnv(trace, spec)
     assert resolve_limit(trace, low - 1, check_minimum=False) == low - 1
+
+
+def test_sizes_and_multiples_are_the_devices_and_leave_what_it_held_outside(trace) -> None:  # noqa: ANN001
+    """On a GPU the device holds bytes the trace does not (cuBLAS's workspaces): a size or a multiple
+    is of the device's memory, so those bytes come off before planning; a percentage is of the
+    trace's own range and is unchanged."""
+    low, high = trace.minimum_memory, trace.peak_bytes
+    outside = high // 8
+    gpu = trace.replace(meta={**trace.meta, "outside_bytes": outside})
+    assert gpu.outside_bytes == outside and trace.outside_bytes == 0
+    size = outside + (low + high) // 2
+    assert resolve_limit(gpu, size) == size - outside == resolve_limit(trace, size - outside)
+    assert resolve_limit(gpu, "0.8x", unplanned_peak=high + outside) == round(0.8 * (high + outside)) - outside
+    assert resolve_limit(gpu, "0.8x") == round(0.8 * (high + outside)) - outside  # base: the trace's and outside
+    assert resolve_limit(gpu, "40%") == resolve_limit(trace, "40%")
+    assert SwapRecomputeEnv(gpu, size).memory_limit == size - outside  # every layer alike
+    # the minimum is said in device bytes, with what the outside bytes are
+    with pytest.raises(MemoryLimitError, match=f"{format_bytes(low + outside)}.*held on the device outside"):
+        resolve_limit(gpu, outside + low - 1)
+    assert resolve_limit(gpu, outside + low) == low
+    assert resolve_limit(gpu, outside // 2, check_minimum=False) == 0

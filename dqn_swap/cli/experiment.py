@@ -309,7 +309,10 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
         plan.check_trace(trace, plan_source)
         plan = schedule_plan(trace, plan)
     report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
-                       "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes}
+                       "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes,
+                       "outside_bytes": trace.outside_bytes,
+                       **({"max_memory_allocated": int(trace.meta["max_memory_allocated"])}
+                          if "max_memory_allocated" in trace.meta else {})}
     results: dict[str, Any] = {}
     if "unplanned" in methods:
         say("training unplanned")
@@ -317,10 +320,12 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
                                            cpu_baseline=trace.initial_bytes)
     base = results.get("unplanned", {})
     unplanned_peak = int(base.get("peak_allocated") or trace.meta.get("max_memory_allocated") or trace.peak_bytes)
-    limit = _resolve_limit(memory_limit, trace, unplanned_peak)
+    limit = _resolve_limit(memory_limit, trace, unplanned_peak)  # the plan's own bytes
     report["unplanned_peak_bytes"] = unplanned_peak
     report["unplanned_peak_source"] = "measured" if base.get("peak_allocated") else "trace"
-    report["memory_limit"] = limit
+    # the device's limit, which the measured peaks are held to: the plan's bytes and what the device
+    # held outside the recorded iteration (Trace.outside_bytes)
+    report["memory_limit"] = limit + trace.outside_bytes
     report["memory_limit_spec"] = str(memory_limit)
     if limit < trace.minimum_memory:
         say(f"the limit, {limit} bytes, is below the least memory any plan needs for this trace "
@@ -345,8 +350,9 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
     report["comparison"] = compare(results, predicted, limit, trace)
     if max_batch_methods:
         if budget is None:
-            budget = limit
-        budget_b = _resolve_limit(budget, trace, unplanned_peak, check_minimum=False)
+            budget = report["memory_limit"]
+        # device bytes, as the probes measure them
+        budget_b = _resolve_limit(budget, trace, unplanned_peak, check_minimum=False) + trace.outside_bytes
         report["largest_batch"] = {"budget": budget_b}
         for method in max_batch_methods:
             say(f"largest batch under {budget_b} bytes with {method}")
@@ -356,7 +362,12 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
 
 
 def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: int, trace: Trace) -> dict[str, Any]:
-    """Throughput ratios, whether the planned peak stayed under the limit, simulator error."""
+    """Throughput ratios, whether the planned peak stayed under the limit, simulator error.
+
+    ``limit``: the plan's own bytes (:meth:`MemoryLimit.resolve`); the allocator's peak also counts
+    what the device held outside the recorded iteration, so both the limit and the prediction it is
+    held to are the plan's bytes plus :attr:`Trace.outside_bytes`."""
+    outside = trace.outside_bytes
     out: dict[str, Any] = {}
     planned = results.get("planned", {})
     if planned.get("status") != "ok":
@@ -369,14 +380,14 @@ def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: in
     if "peak_allocated" in planned:
         measured_peak = int(planned["peak_allocated"])
         out["planned_peak_allocated"] = measured_peak
-        out["planned_peak_within_limit"] = measured_peak <= limit
-        out["planned_peak_over_limit"] = measured_peak / limit
+        out["planned_peak_within_limit"] = measured_peak <= limit + outside
+        out["planned_peak_over_limit"] = measured_peak / (limit + outside)
         if predicted:
             # The CPU copies synchronously: its prediction is the schedule with copies that take no time.
             key = "peak_bytes" if str(planned.get("runtime", {}).get("device", "")).startswith("cuda") \
                 else "instant_copy_peak_bytes"
-            out["predicted_peak_bytes"] = int(predicted[key])
-            out["planned_peak_over_predicted"] = measured_peak / max(int(predicted[key]), 1)
+            out["predicted_peak_bytes"] = int(predicted[key]) + outside
+            out["planned_peak_over_predicted"] = measured_peak / max(int(predicted[key]) + outside, 1)
     base = results.get("unplanned", {})
     reference = base["step_time_s"] if base.get("status") == "ok" else None
     if reference:
@@ -429,7 +440,8 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
         try:
             if method == "planned":
                 trace = record(model_name, batch, device, prof, seed)
-                plan = make_planned(trace, budget, planner_obj, prof)
+                # the plan's own bytes: the budget less what the device holds outside the iteration
+                plan = make_planned(trace, _resolve_limit(budget, trace, budget, check_minimum=False), planner_obj, prof)
             r = train_steps(model_name, batch, method, steps, device, plan=plan, trace=trace, seed=seed,
                             warmup=0, budget=budget)
         except torch.OutOfMemoryError:

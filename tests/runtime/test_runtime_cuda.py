@@ -180,10 +180,14 @@ def test_peak_allocated_stays_under_the_limit() -> None:
     del w
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
-    limit = int(0.6 * trace.peak_bytes)
-    plan = get_planner("greedy").plan(trace, limit)
-    if not simulate(trace, plan).feasible:
-        pytest.skip("the planner found no feasible plan at 60%")
+    # the tightest of these limits greedy meets: what the test measures is the runtime, not the planner
+    for fraction in (0.6, 0.7, 0.8, 0.9):
+        limit = int(fraction * trace.peak_bytes)
+        plan = get_planner("greedy").plan(trace, limit)
+        if simulate(trace, plan).feasible and plan.actions:
+            break
+    else:
+        raise AssertionError("greedy found no plan with actions from 60% to 90% of the peak")
     w = build_workload(name, BATCH[name], DEVICE, seed=0)
     opt = w.make_optimizer(w.model.parameters())
     rt = PlannedExecution(w.model, plan, trace)
@@ -198,3 +202,20 @@ def test_peak_allocated_stays_under_the_limit() -> None:
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     assert peak <= limit * 1.02 + 2 * 1024**2, f"peak {peak} above limit {limit}"
+
+
+def test_a_device_limit_holds_the_measured_peak_with_the_workspaces_beside_it() -> None:
+    """A limit in bytes is the device's: cuBLAS's workspaces and whatever else the device held as the
+    iteration was recorded (``Trace.outside_bytes``) come off it before planning, and the peak the
+    allocator measures, which counts them, stays under it."""
+    from dqn_swap.cli.experiment import _profile, record, run_planned_training
+
+    device = torch.device("cuda")
+    trace = record("gpt_tiny", 8, device, _profile(None, device), 0)
+    assert trace.outside_bytes > 0  # cuBLAS's workspaces at least
+    limit = trace.outside_bytes + (trace.minimum_memory + trace.peak_bytes) // 2  # halfway, in device bytes
+    report = run_planned_training("gpt_tiny", 8, limit, "greedy", 3, device, trace=trace,
+                                  methods=("unplanned", "planned"))
+    assert report["memory_limit"] == limit
+    assert report["plan"]["memory_limit"] == limit - trace.outside_bytes
+    assert report["comparison"]["planned_peak_within_limit"], report["comparison"]
