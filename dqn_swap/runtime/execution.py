@@ -52,7 +52,8 @@ copy out where the simulation counts its bytes free
 that op): a host that ran ahead of the device would otherwise allocate for
 later ops while the copies still hold their sources, and the caching
 allocator's peak would be far above the plan's (on an H100, ResNet-50 at batch
-64 planned for 2.59 GiB peaked at 4.60 GiB, unplanned 5.18).  A swapped input (the
+64 planned for 2.59 GiB peaked at 4.60 GiB, unplanned 5.18; waiting, 2.48 GiB on
+an H200).  A swapped input (the
 batch, the labels) is the caller's storage: it is emptied only while nothing
 outside autograd and the runtime holds it, so whatever the training loop reads
 between forward and backward is whole; one the loop holds frees nothing (one
