@@ -6,7 +6,7 @@
 # arm on one network of each of the generator's 10 training families at 90/70/50/30 % (40 cells).
 # The narrow arm trains on the five zoo networks the first shipped agent saw (20 cells); the
 # cross-entropy arm imitates by cross-entropy over the valid actions instead of the margin; the 24k arm
-# trains four times as long, with two seeds, and on the corpus of scripts/train_corpus_agent.sh
+# trains four times as long, with six seeds, and on the corpus of scripts/train_corpus_agent.sh
 # (two networks a family and six zoo networks).  The chains arms offer every removal the simulator allows
 # (recompute_chains=True), without which the environment cannot reach the best plans known
 # (benchmarks/bench_env_ceiling.py), two seeds each with the candidates graph and with the dataflow
@@ -14,7 +14,8 @@
 # longer, on two and four networks a family, and TD learning with it.  The agents are then planned,
 # alone and in one pass, on two networks of each validation family at four limits (40 cells),
 # beside the shipped agent, and on the test families' 56 cells against the best plans known.
-# The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble):
+# The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble); the six seeds
+# of the 24k arm together are checkpoints/ensemble.pt:
 #
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
@@ -48,6 +49,9 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set demo_loss=cross_entropy -o "$out/expert_ce.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 -o "$out/expert_24k.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 --seed 1 -o "$out/expert_24k_s1.pt"
+  for seed in 2 3 4 5; do  # the seed's spread, and the members of checkpoints/ensemble.pt
+    "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --steps 24000 --seed $seed -o "$out/expert_24k_s$seed.pt"
+  done
   "$PY" -m dqn_swap train $corpus "${common[@]}" "${expert[@]}" --steps 24000 -o "$out/corpus_24k.pt"
   chains=(--set recompute_chains=True)
   for seed in 0 1; do
@@ -65,7 +69,9 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
 }
 arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
       expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"
-      expert-24k="$out/expert_24k.pt" expert-24k-s1="$out/expert_24k_s1.pt" corpus-24k="$out/corpus_24k.pt"
+      expert-24k="$out/expert_24k.pt" expert-24k-s1="$out/expert_24k_s1.pt" expert-24k-s2="$out/expert_24k_s2.pt"
+      expert-24k-s3="$out/expert_24k_s3.pt" expert-24k-s4="$out/expert_24k_s4.pt" expert-24k-s5="$out/expert_24k_s5.pt"
+      corpus-24k="$out/corpus_24k.pt"
       chains="$out/chains_s0.pt" chains-s1="$out/chains_s1.pt"
       dataflow="$out/dataflow_s0.pt" dataflow-s1="$out/dataflow_s1.pt" chains-24k="$out/chains_24k.pt"
       chains-2pf="$out/chains_2pf.pt" dataflow-2pf="$out/dataflow_2pf.pt" chains-4pf="$out/chains_4pf.pt"
@@ -73,7 +79,10 @@ arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert=
       ensemble-24k="$out/expert_24k.pt+$out/expert_24k_s1.pt"
       ensemble-24k+expert="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert.pt"
       ensemble-shipped+24k="checkpoints/default.pt+$out/expert_24k.pt+$out/expert_24k_s1.pt"
-      ensemble-chains="$out/chains_s0.pt+$out/chains_s1.pt" ensemble-dataflow="$out/dataflow_s0.pt+$out/dataflow_s1.pt")
+      ensemble-chains="$out/chains_s0.pt+$out/chains_s1.pt" ensemble-dataflow="$out/dataflow_s0.pt+$out/dataflow_s1.pt"
+      ensemble-24k-4seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt"
+      ensemble-24k-s2-s5="$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt"
+      ensemble-24k-6seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt")
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
     --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \
