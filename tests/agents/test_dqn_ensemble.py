@@ -14,7 +14,7 @@ from dqn_swap.agents.dqn.policy import GraphBatcher, QEnsemble, q_values
 
 def agent(tmp_path, name: str, seed: int, **config) -> str:
     torch.manual_seed(seed)
-    cfg = DQNConfig(p=8, T=2, total_timesteps=10, **config)
+    cfg = DQNConfig(**{"p": 8, "T": 2, "total_timesteps": 10, **config})
     return str(save_agent(tmp_path / name, QNetwork(cfg), cfg, trace_fingerprints=[], training={"steps": 10}))
 
 
@@ -98,3 +98,39 @@ def test_the_ensemble_command(tmp_path, capsys):
     assert main(["ensemble", a, c, "-o", str(tmp_path / "f.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "c.pt" in err[-1] and "graph" in err[-1] and not (tmp_path / "f.pt").exists()
+
+
+@pytest.mark.parametrize("config", [{}, {"readout": "sum", "aggr": "sum"}, {"bias": False},
+                                    {"head_features": False}, {"T": 1}, {"T": 3}])
+def test_members_run_side_by_side_give_their_own_q(tmp_path, tiny_resnet_trace, config):  # noqa: ANN001
+    """The fused forward (members' states side by side, one sparse sum for all) against each member
+    run alone, on a batch of two states of different graphs' sizes, for every shape it accepts."""
+    paths = [agent(tmp_path, f"a{i}.pt", i, **config) for i in range(3)]
+    net, cfg, _ = load_ensemble(paths)
+    assert net.fusable
+    batcher = GraphBatcher()
+    items = []
+    for limit in ("50%", "30%"):
+        env = make_env(tiny_resnet_trace, limit, None, cfg)
+        env.reset(seed=0)
+        env.step(int(np.flatnonzero(env.state().valid)[0]))
+        items.append((batcher.register(env.graph), env.state()))
+    with torch.no_grad():
+        fused = q_values(net, batcher, items)[0]
+        alone = torch.stack([q_values(m, batcher, items)[0] for m in net.members]).mean(0)
+    assert fused.shape == alone.shape and torch.allclose(fused, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_members_of_other_shapes_run_one_by_one(tmp_path, tiny_resnet_trace):  # noqa: ANN001
+    nets = [QNetwork(DQNConfig(p=8, T=2)), QNetwork(DQNConfig(p=16, T=2)), QNetwork(DQNConfig(p=8, T=2, head="mlp"))]
+    for members in (nets[:2], [nets[0], nets[2]]):
+        ens = QEnsemble(members)
+        assert not ens.fusable
+        env = make_env(tiny_resnet_trace, "50%", None, DQNConfig(p=8, T=2))
+        env.reset(seed=0)
+        batcher = GraphBatcher()
+        items = [(batcher.register(env.graph), env.state())]
+        with torch.no_grad():
+            q = q_values(ens, batcher, items)[0]
+            assert torch.equal(q, torch.stack([q_values(m, batcher, items)[0] for m in members]).mean(0))
+    assert QEnsemble(nets[:1] * 2).fusable
