@@ -109,3 +109,17 @@ def test_sizes_and_multiples_are_the_devices_and_leave_what_it_held_outside(trac
         resolve_limit(gpu, outside + low - 1)
     assert resolve_limit(gpu, outside + low) == low
     assert resolve_limit(gpu, outside // 2, check_minimum=False) == 0
+
+
+def test_the_command_line_says_what_a_size_lost_to_the_gpu(trace, tmp_path, capsys) -> None:  # noqa: ANN001
+    """A trace recorded on a GPU with bytes held beside it: a size comes off by them, and the
+    command says so in one line on stderr; a percentage is unchanged and says nothing."""
+    outside = trace.peak_bytes // 8
+    path = str(trace.replace(meta={**trace.meta, "outside_bytes": outside}).save(tmp_path / "gpu.trace"))
+    size = outside + trace.peak_bytes
+    assert main(["simulate", path, "-m", str(size), "--planner", "none", "--json"]) in (0, 1)
+    out, err = capsys.readouterr()
+    assert json.loads(out)["memory_limit"] == size - outside
+    assert err.count("\n") == 1 and "outside the recorded iteration" in err and format_bytes(outside) in err
+    main(["simulate", path, "-m", "50%", "--planner", "none", "--json"])
+    assert "outside" not in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from ..cost import PROFILES
@@ -12,7 +13,8 @@ from .common import (SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, human, load_t
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
               "the busiest op with every saved activation, and the input batch where autograd saves it, away "
               "from its last forward use to its next use) and 100%% the unplanned peak; a multiple of the unplanned peak (0.5x); or bytes with a unit "
-              "(8GiB, 6.5GB, 512MiB). A bare number is bytes; one of at most 1 is refused as ambiguous")
+              "(8GiB, 6.5GB, 512MiB), the GPU's memory: what a GPU trace says the device held beside the iteration "
+              "comes off. A bare number is bytes; one of at most 1 is refused as ambiguous")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -101,6 +103,7 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     if limit_text is None:
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
     limit = resolve_memory_limit(trace, limit_text)
+    say_outside(trace, limit_text, limit)
     profile = profile_of(trace, profile_name)
     planner = get_planner(planner_name, agent=agent,
                           **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations,
@@ -109,6 +112,17 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     with showing_progress():
         plan = planner.plan(trace, limit, profile)
     return plan, time.perf_counter() - t0, profile
+
+
+def say_outside(trace, limit_text: str, limit: int) -> None:  # noqa: ANN001
+    """One line on stderr where a size or multiple lost the bytes a GPU held outside the iteration."""
+    from ..limits import MemoryLimit
+    from ..units import format_bytes
+
+    if trace.outside_bytes and MemoryLimit.parse(limit_text).kind != "percent":
+        print(f"dqn-swap: the GPU held {format_bytes(trace.outside_bytes)} outside the recorded iteration "
+              f"(cuBLAS's workspaces, other tensors): the plan's own bytes are held to {format_bytes(limit)}",
+              file=sys.stderr, flush=True)
 
 
 def report(figures: dict, as_json: bool) -> None:
@@ -128,6 +142,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plan:
         plan = Plan.load(args.plan, trace)
         limit = resolve_memory_limit(trace, args.memory_limit) if args.memory_limit else plan.memory_limit
+        if args.memory_limit:
+            say_outside(trace, args.memory_limit, limit)
         profile = profile_of(trace, args.profile or plan.profile)
         planning_s = None
     else:
