@@ -93,7 +93,8 @@ def markdown(gpu: str, reports: list[dict[str, Any]], result: dict[str, Any] | N
     if held:
         lines.append("")
         lines += [f"{r['model']}: the device held {r['trace']['outside_bytes'] / 2**20:.1f} MiB outside the recorded "
-                  "iteration (cuBLAS's workspaces); the plan's own bytes were held to the limit less these."
+                  "iteration (cuBLAS's workspaces, whatever else the process held); the plan's own bytes were held "
+                  "to the limit less these."
                   for r in held]
     return "\n".join(lines) + "\n"
 
