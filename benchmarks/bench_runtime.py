@@ -95,6 +95,8 @@ def markdown(gpu: str, reports: list[dict[str, Any]], result: dict[str, Any] | N
         lines += [f"{r['model']}: the device held {r['trace']['outside_bytes'] / 2**20:.1f} MiB outside the recorded "
                   "iteration (cuBLAS's workspaces, whatever else the process held); the plan's own bytes were held "
                   "to the limit less these."
+                  + (" Its largest blocks: " + ", ".join(f"{b / 2**20:.1f}" for b in r["trace"]["outside_blocks"])
+                     + " MiB." if r["trace"].get("outside_blocks") else "")
                   for r in held]
     return "\n".join(lines) + "\n"
 

@@ -969,6 +969,7 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         raise RecordingError(f"the model failed in its warm-up iteration: {type(e).__name__}: {first}") from e
     runs = iterations if time_ops else 1
     durations: list[np.ndarray] = []
+    outside_blocks: list[int] = []
     recorder = None
     timeline = None
     t0 = time.perf_counter()
@@ -993,6 +994,12 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             allocated_at_start = int(torch.cuda.memory_allocated(device))
             if recorded == 0:
                 allocated_at_start -= gradient_bytes(model, "cuda")
+            if last:  # what those other bytes are, by their blocks' sizes (Trace.outside_bytes)
+                try:
+                    outside_blocks = _outside_blocks(torch.cuda.memory_snapshot(),
+                                                     _state_pointers(model, opt, example_inputs))
+                except (RuntimeError, KeyError, TypeError, ValueError):  # a description only: never fail for it
+                    outside_blocks = []
         timeline = AllocatorTimeline() if last and device.type == "cpu" else contextlib.nullcontext()
         with _recording_failure(), timeline:
             _iteration(model, example_inputs, loss_fn, opt, recorder, zero_grad=recorded == 0,
@@ -1041,7 +1048,8 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
             measured = durations[-1]
         trace = trace.with_durations(_collective_times(measured, recorder, profile), timing="cuda-events",
                                      max_memory_allocated=recorder.iteration_peak,
-                                     outside_bytes=max(0, allocated_at_start - trace.initial_bytes))
+                                     outside_bytes=max(0, allocated_at_start - trace.initial_bytes),
+                                     outside_blocks=outside_blocks)
     else:
         times = profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0)
         trace = trace.with_durations(_collective_times(times, recorder, profile), timing="roofline")
@@ -1066,6 +1074,24 @@ def _collective_times(durations: np.ndarray, recorder: _Recorder, profile: Devic
     wire = np.fromiter(recorder.collectives.values(), dtype=np.float64)
     out[ops] = profile.collective_time(wire)
     return out
+
+
+def _state_pointers(model: torch.nn.Module, opt: torch.optim.Optimizer | None, inputs: tuple) -> set[int]:
+    """Device addresses of the storages a recording knows as it begins: parameters, buffers,
+    gradients, optimizer state, inputs."""
+    tensors = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters() if p.grad is not None),
+               *(t for st in (opt.state.values() if opt is not None else ()) for t in st.values()), *inputs]
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+
+
+def _outside_blocks(segments: list[dict[str, Any]], known: set[int], most: int = 8) -> list[int]:
+    """The sizes of the largest allocated blocks of a CUDA memory snapshot
+    (:func:`torch.cuda.memory_snapshot`) at none of the ``known`` addresses, largest first: what
+    the device held beside the recorded iteration (cuBLAS's workspaces, a caller's tensors), as
+    ``trace.meta["outside_blocks"]`` says it."""
+    sizes = [int(b["size"]) for seg in segments for b in seg.get("blocks", ())
+             if b.get("state") == "active_allocated" and int(b["address"]) not in known]
+    return sorted(sizes, reverse=True)[:most]
 
 
 def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None,

@@ -352,3 +352,25 @@ def test_a_trace_is_the_same_in_every_process():
     prints = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
     assert len(prints) == 1
+
+
+def test_the_blocks_outside_a_recording_are_the_snapshots_unknown_allocated_ones() -> None:
+    """What a CUDA recording says the device held beside the iteration, read from the allocator's
+    snapshot: allocated blocks at none of the state's addresses, largest first (a stand-in snapshot
+    in torch.cuda.memory_snapshot's layout)."""
+    from dqn_swap.recorder import _outside_blocks, _state_pointers
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    x = torch.ones(3)
+    known = _state_pointers(model, opt, (x, "not a tensor"))
+    ptr = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    assert {ptr(model.weight), ptr(model.bias.grad), ptr(opt.state[model.weight]["exp_avg"]), ptr(x)} <= known
+    segments = [{"blocks": [{"address": ptr(model.weight), "size": 512, "state": "active_allocated"},
+                            {"address": 1, "size": 4096, "state": "active_allocated"},
+                            {"address": 2, "size": 9999, "state": "inactive"}]},
+                {"blocks": [{"address": 3, "size": 8192, "state": "active_allocated"}]}]
+    assert _outside_blocks(segments, known) == [8192, 4096]
+    assert _outside_blocks(segments, known, most=1) == [8192]

@@ -311,6 +311,7 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
     report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
                        "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes,
                        "outside_bytes": trace.outside_bytes,
+                       **({"outside_blocks": trace.meta["outside_blocks"]} if trace.meta.get("outside_blocks") else {}),
                        **({"max_memory_allocated": int(trace.meta["max_memory_allocated"])}
                           if "max_memory_allocated" in trace.meta else {})}
     results: dict[str, Any] = {}

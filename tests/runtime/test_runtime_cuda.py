@@ -213,6 +213,7 @@ def test_a_device_limit_holds_the_measured_peak_with_the_workspaces_beside_it() 
     device = torch.device("cuda")
     trace = record("gpt_tiny", 8, device, _profile(None, device), 0)
     assert trace.outside_bytes > 0  # cuBLAS's workspaces at least
+    assert trace.meta["outside_blocks"] and min(trace.meta["outside_blocks"]) > 0  # what they are, by size
     limit = trace.outside_bytes + (trace.minimum_memory + trace.peak_bytes) // 2  # halfway, in device bytes
     report = run_planned_training("gpt_tiny", 8, limit, "greedy", 3, device, trace=trace,
                                   methods=("unplanned", "planned"))
