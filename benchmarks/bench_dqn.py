@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402,F401  (re-exported for the scripts that still import them from here)
-    DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, ROOT, TRACE_DIR, get_trace, grid_agent, pct, slug, write_json)
+    DEFAULT_AGENT, GRID, LIMITS, NAMES, PROFILE, ROOT, TRACE_DIR, agent_files, get_trace, grid_agent, pct, slug,
+    write_json)
 from dqn_swap.files import save_figure, write_text  # noqa: E402
 
 CACHE = ROOT / "runs" / "baselines_cache.json"  # baseline figures per (model, limit, trace fingerprint)
@@ -103,8 +104,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         trace = get_trace(model, GRID[model])
         for frac in LIMITS:
             agent = grid_agent(agents_dir, model, frac) or args.default_agent
-            if isinstance(agent, str) and "+" in agent:  # PATH+PATH...: an ensemble
-                agent = agent.split("+")
+            agent = agent_files(agent) if isinstance(agent, str) else agent
             dqn, search = DQNPlanner(agent, decode=args.decode), (DQNSearchPlanner(agent) if args.search else None)
             limit = pct(frac).resolve(trace)
             cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": dqn._settings()["agent"]}

@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import DEFAULT_AGENT, LIMITS, pct, provenance, publish, slug, write_json  # noqa: E402
+from common import DEFAULT_AGENT, LIMITS, agent_files, pct, provenance, publish, slug, write_json  # noqa: E402
 from dqn_swap.agents import planner_names  # noqa: E402
 
 CORPUS = ROOT / "runs" / "corpus"
@@ -379,7 +379,8 @@ def trained_families(path: str | Path) -> dict[str, Any]:
     from dqn_swap.models.generator import family_of
 
     envs = []
-    for member in str(path).split("+"):
+    members = agent_files(path)
+    for member in members if isinstance(members, list) else [members]:
         _, _, obj = load_agent(member)
         envs += list(obj.get("training", {}).get("environments", []))
     families: set[str] = set()
@@ -435,7 +436,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sources = {"": args.agent}
     agents = []
     for label, source in sources.items():
-        agent = str(source).split("+") if "+" in str(source) else source  # PATH+PATH...: an ensemble
+        agent = agent_files(source)
         suffix = f"[{label}]" if label else ""
         for kind in ("dqn", *(["dqn-search"] if args.search else [])):
             s = search if kind == "dqn-search" else {}

@@ -81,6 +81,13 @@ def provenance() -> dict[str, Any]:
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
 
 
+def agent_files(spec: str | Path) -> str | list[str]:
+    """An ``--agent``-style argument: ``PATH``, or ``PATH+PATH...`` for the ensemble of those agents
+    (a list, as :class:`dqn_swap.agents.dqn.DQNPlanner` takes it)."""
+    text = str(spec)
+    return text.split("+") if "+" in text else text
+
+
 def publish(result: dict[str, Any], text: str, json_path: str | Path | None, md_path: str | Path | None) -> None:
     """A benchmark's result: ``result`` as JSON (:func:`write_json`), ``text`` (its markdown) printed and
     written as ``md_path`` (nothing for an empty path)."""

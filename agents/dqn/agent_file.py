@@ -119,6 +119,13 @@ def _check_environments(configs: list[DQNConfig], names: list[str]) -> None:
                                  "agents must agree on " + ", ".join(ENVIRONMENT_FIELDS))
 
 
+def ensemble_training(members: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """An ensemble's training record: its members' training environments together
+    (``environments``), each member's record (``members``) and where each came from (``sources``)."""
+    return {"environments": sorted({str(e) for m in members for e in m.get("training", {}).get("environments", [])}),
+            "members": [dict(m.get("training", {})) for m in members], "sources": sources}
+
+
 def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNConfig, dict[str, Any]]:
     """``(network, config, the file's dict)``; raises :class:`AgentFileError`.
 
@@ -135,9 +142,7 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNC
             loaded = [_network(m) for m in members]
             sources = [str(x) for x in obj.get("sources", [f"agent {i}" for i in range(len(members))])]
             _check_environments([c for _, c in loaded], [f"{path}: {s}" for s in sources])
-            training = {"environments": sorted({str(e) for m in members
-                                                for e in m.get("training", {}).get("environments", [])}),
-                        "members": [dict(m.get("training", {})) for m in members], "sources": sources}
+            training = ensemble_training(members, sources)
             return QEnsemble([n for n, _ in loaded]).eval(), loaded[0][1], {**obj, "training": training}
         net, config = _network(obj)
     except AgentFileError:

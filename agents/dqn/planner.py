@@ -60,7 +60,7 @@ from dqn_swap.limits import LimitSpec
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from ..local_search import polish
-from .agent_file import load_agent, load_ensemble
+from .agent_file import ensemble_training, load_agent, load_ensemble
 from .config import DQNConfig
 from .demonstrations import DemoStep
 from .policy import GraphBatcher, QNetwork, q_values
@@ -323,7 +323,7 @@ class DQNPlanner:
         if isinstance(agent_path, (list, tuple)):
             self.agent_path: Path | list[Path] = [Path(p) for p in agent_path]
             self.net, self.config, ckpts = load_ensemble(self.agent_path)
-            ckpt = {"training": {"members": [c.get("training", {}) for c in ckpts]}}  # as an ensemble file's
+            ckpt = {"training": ensemble_training(ckpts, [str(p) for p in self.agent_path])}  # as an ensemble file's
         else:
             self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
             self.net, self.config, ckpt = load_agent(self.agent_path)

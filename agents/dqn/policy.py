@@ -220,8 +220,8 @@ class QEnsemble(nn.Module):
 
         convs = [c.conv for c in ms]
         w4 = [c.w4 for c in convs]
-        agg = scatter(torch.relu(shared(w4, edge_attr.view(-1, 1))), edge_index[1], dim=0, dim_size=n, reduce="sum")
-        agg = agg + torch.relu(shared(w4, edge_attr.new_zeros(1, 1)))  # the self loop, lag 0
+        e = torch.relu(shared(w4, torch.cat([edge_attr.view(-1, 1), edge_attr.new_zeros(1, 1)])))  # last: self loop
+        agg = scatter(e[:-1], edge_index[1], dim=0, dim_size=n, reduce="sum") + e[-1:]
         inv = first.conv._inv_size(edge_index, n, x)
         if inv is not None:
             agg = agg * inv

@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
-from ..limits import LimitSpec, MemoryLimit
+from ..limits import LimitSpec, MemoryLimit, resolve_limit
 from ..meter import AllocatorTimeline, collector_still
 from ..plan import Plan
 from ..runtime import PlannedExecution, enable_expandable_segments
@@ -442,7 +442,7 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
             if method == "planned":
                 trace = record(model_name, batch, device, prof, seed)
                 # the plan's own bytes: the budget less what the device holds outside the iteration
-                plan = make_planned(trace, _resolve_limit(budget, trace, budget, check_minimum=False), planner_obj, prof)
+                plan = make_planned(trace, resolve_limit(trace, budget, check_minimum=False), planner_obj, prof)
             r = train_steps(model_name, batch, method, steps, device, plan=plan, trace=trace, seed=seed,
                             warmup=0, budget=budget)
         except torch.OutOfMemoryError:
