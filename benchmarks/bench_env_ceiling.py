@@ -43,13 +43,19 @@ from common import publish  # noqa: E402
 UNFIT = 2.0
 
 
-def replay(trace: Any, plan: Any, chains: bool) -> dict[str, Any]:
-    """``plan`` replayed in the environment with ``recompute_chains=chains``: its figures."""
+#: The settings replayed: label -> (recompute_chains, max_chain).
+SETTINGS = {"off": (False, 1), "groups of 2": (False, 2), "groups of 3": (False, 3), "groups of 6": (False, 6),
+            "groups of 10": (False, 10), "on": (True, 1)}
+
+
+def replay(trace: Any, plan: Any, chains: bool, max_chain: int = 1) -> dict[str, Any]:
+    """``plan`` replayed in the environment with ``recompute_chains=chains`` and ``max_chain``: its figures."""
     from dqn_swap.agents.dqn.config import DQNConfig
     from dqn_swap.agents.dqn.demonstrations import action_nodes, demonstration_episode
     from dqn_swap.agents.dqn.planner import make_env
 
-    env = make_env(trace, plan.memory_limit, plan.profile, DQNConfig(recompute_chains=chains))
+    config = DQNConfig(recompute_chains=chains, max_chain=max_chain)
+    env = make_env(trace, plan.memory_limit, plan.profile, config)
     nodes = action_nodes(env, plan.actions)
     on_nodes = env.sim.run([env.graph.action(int(n)) for n in nodes])
     steps = demonstration_episode(env, plan)
@@ -79,16 +85,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan = Plan.load(ROOT / entry["plan_file"], trace)
         cell = {"cell": key, "family": entry["family"], "planner": entry["planner"],
                 "plan_overhead": float(plan.figures["overhead"]), "plan_actions": len(plan.actions)}
-        for label, chains in (("off", False), ("on", True)):
-            cell[label] = replay(trace, plan, chains)
+        for label, (chains, max_chain) in SETTINGS.items():
+            cell[label] = replay(trace, plan, chains, max_chain)
             if abs(cell[label]["nodes_overhead"] - cell["plan_overhead"]) > 1e-9:
                 raise ValueError(f"{key}: the plan's actions on the environment's nodes simulate to "
                                  f"{cell[label]['nodes_overhead']:.6f}, not the plan's {cell['plan_overhead']:.6f}")
         cells.append(cell)
-        print(f"{key}: {cell['plan_overhead']:.4f}, replayed {cell['off']['ratio']:.4f} (chains off) "
-              f"{cell['on']['ratio']:.4f} (on)", file=sys.stderr)
+        print(f"{key}: {cell['plan_overhead']:.4f}, replayed "
+              + ", ".join(f"{cell[label]['ratio']:.4f} ({label})" for label in SETTINGS), file=sys.stderr)
     summary = {}
-    for label in ("off", "on"):
+    for label in SETTINGS:
         ratios = [c[label]["ratio"] for c in cells]
         summary[label] = {"geomean": geomean(ratios), "cells": len(ratios),
                           "unfit": sum(not c[label]["feasible"] for c in cells),
@@ -103,12 +109,14 @@ def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = ["| recompute chains | cells | replay makespan / plan's (geometric mean) | replays that do not fit | "
              "cells more than 2 % above |", "|---|---|---|---|---|"]
-    for label in ("off", "on"):
+    for label in SETTINGS:
         x = s[label]
         lines.append(f"| {label} | {x['cells']} | {x['geomean']:.4f} | {x['unfit']} | {x['over_2pct']} |")
     fams = sorted(s["off"]["by_family"])
-    lines += ["", "| family | chains off | chains on |", "|---|---|---|"]
-    lines += [f"| `{f}` | {s['off']['by_family'][f]:.4f} | {s['on']['by_family'][f]:.4f} |" for f in fams]
+    lines += ["", "| family | " + " | ".join(f"chains {label}" for label in SETTINGS) + " |",
+              "|---|" + "---|" * len(SETTINGS)]
+    lines += [f"| `{f}` | " + " | ".join(f"{s[label]['by_family'][f]:.4f}" for label in SETTINGS) + " |"
+              for f in fams]
     lines += ["", f"A replay that does not fit counts as {result['unfit_counts_as']:g}."]
     return "\n".join(lines) + "\n"
 

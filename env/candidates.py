@@ -57,9 +57,11 @@ NOTHING, SWAP, RECOMPUTE = 0, 1, 2
 #: Node feature columns.  The first six are those of section 4.4.1; the rest
 #: are ours (see :class:`dqn_swap.env.SwapRecomputeEnv`).
 FEATURES = ("size", "transfer_time", "recompute_time", "time_to_next_use", "action_type", "valid",
-            "memory_limit", "under_execution", "deficit", "time_to_violation", "chosen")
+            "memory_limit", "under_execution", "deficit", "time_to_violation", "chosen", "swap_slack")
 N_FEATURES = len(FEATURES)
-F_VALID, F_LIMIT, F_EXEC, F_DEFICIT, F_TVIOL, F_CHOSEN = 5, 6, 7, 8, 9, 10
+F_VALID, F_LIMIT, F_EXEC, F_DEFICIT, F_TVIOL, F_CHOSEN, F_SLACK = 5, 6, 7, 8, 9, 10, 11
+#: The columns of agents trained before ``swap_slack`` existed (they read the first 11).
+N_FEATURES_BEFORE_SLACK = 11
 
 GRAPHS = ("candidates", "dataflow", "events")
 

@@ -16,7 +16,8 @@ from dqn_swap.plan import Action, Plan
 from dqn_swap.stop import kernel_interruption
 from dqn_swap.trace import Trace
 
-from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, FEATURES, N_FEATURES, RECOMPUTE,
+from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_SLACK, F_TVIOL, F_VALID, FEATURES, N_FEATURES,
+                         RECOMPUTE, SWAP,
                          ActionGraph, build_action_graph)
 
 
@@ -25,10 +26,11 @@ class DynamicState:
     """What changes between steps: the learner's fast path (see :meth:`SwapRecomputeEnv.state`).
 
     ``valid`` (bool per node), ``current`` (node under execution), ``deficit``
-    and ``limit`` (transformed scalars), ``time_to_violation`` (float per
-    node, zero where not valid) and ``chosen`` (bool per node: its action is
-    in the plan) are all the observation adds to the static
-    :class:`~dqn_swap.env.candidates.ActionGraph`.
+    and ``limit`` (transformed scalars), ``time_to_violation`` and
+    ``swap_slack`` (float per node, zero where not valid; ``swap_slack`` also
+    zero on recompute nodes, and None in states kept from before it existed)
+    and ``chosen`` (bool per node: its action is in the plan) are all the
+    observation adds to the static :class:`~dqn_swap.env.candidates.ActionGraph`.
     """
 
     valid: np.ndarray
@@ -37,6 +39,7 @@ class DynamicState:
     deficit: float
     time_to_violation: np.ndarray
     chosen: np.ndarray
+    swap_slack: np.ndarray | None = None
 
 
 def _recompute_links(trace: Trace, sim: Any, g: ActionGraph) -> dict[int, np.ndarray]:
@@ -100,7 +103,11 @@ class SwapRecomputeEnv(gym.Env):
     is also invalid when it would form a chain with one already chosen: its
     producer reads a removed tensor, or it is read by a removed tensor's
     producer (the simulator re-runs transient inputs once per target, so a
-    chain of ``k`` removals costs ``O(k^2)`` re-runs).  *Do nothing* is
+    chain of ``k`` removals costs ``O(k^2)`` re-runs).  ``max_chain`` (ours,
+    default 1) relaxes that rule: removals linked that way form groups, and a
+    removal is valid while the group it would join holds at most
+    ``max_chain`` tensors, so short chains (a block's normalisation and
+    activation outputs, removed together) are offered and long ones are not.  *Do nothing* is
     valid only when no other action is (the plan is already feasible, or
     nothing can help).
     ``info["action_mask"]`` and :meth:`action_masks` give the valid actions.
@@ -109,7 +116,7 @@ class SwapRecomputeEnv(gym.Env):
 
     ## Observation Space
 
-    A :class:`gymnasium.spaces.Graph`: ``nodes`` ``(n_nodes, 11)`` float32,
+    A :class:`gymnasium.spaces.Graph`: ``nodes`` ``(n_nodes, 12)`` float32,
     ``edges`` ``(n_edges, 1)`` float32 time lags, ``edge_links``
     ``(n_edges, 2)`` (both directions).  Node feature columns
     (:data:`dqn_swap.env.candidates.FEATURES`):
@@ -131,10 +138,22 @@ class SwapRecomputeEnv(gym.Env):
     9     time_to_violation    time from the decision event to the decision point
                                (valid nodes), time transform
     10    chosen               1 if the node's action is already in the plan
+    11    swap_slack           valid swap nodes: how long before the decision point
+                               the tensor's copy to the host would end, behind the
+                               copies the plan already queues; signed time
+                               transform ``sign(t) log1p(|t| / (compute/1000))``
     ====  ===================  ====================================================
 
     Columns 0-5 are the six features of section 4.4.1; 6 is the memory limit
-    (one agent serves many limits); 7-10 are ours.  Edge lags use the time
+    (one agent serves many limits); 7-11 are ours.  ``swap_slack`` is
+    ``t_v - (t_e + b + d)``: ``t_v`` the decision point's op start and ``t_e`` the
+    node's decision event (both on the trace's own clock, without stalls), ``d``
+    its copy time, and ``b`` how long the device-to-host engine is still busy at
+    ``t_e`` with the plan's swaps decided at or before ``t_e`` (one copy at a time in
+    request order, as the simulator runs them).  Negative: the copy cannot free its
+    bytes in time, so the op waits for it.  Without it an agent cannot see a
+    swap's cost rise with the swaps already chosen; agents trained before it read
+    columns 0-10 only (:data:`~dqn_swap.env.candidates.N_FEATURES_BEFORE_SLACK`).  Edge lags use the time
     transform.  The static structure never changes during an episode: the fast
     path for learners is :attr:`graph` (an :class:`~dqn_swap.env.candidates.ActionGraph`,
     built once per trace) plus :meth:`state` (a :class:`DynamicState`).
@@ -192,6 +211,7 @@ class SwapRecomputeEnv(gym.Env):
     ``max_episode_steps``, ``simulator`` (reuse a Simulator for this trace
     and limit), ``action_graph`` (reuse the static graph of this trace),
     ``recompute_chains`` (True: any valid recompute; False: no chains, above),
+    ``max_chain`` (with chains off, the largest group of linked removals, above),
     ``reward`` (``"whole"`` or ``"accrued"``, above).
 
     ``gymnasium.make("dqn_swap/SwapRecompute-v0", trace=..., memory_limit=...)``
@@ -209,7 +229,7 @@ class SwapRecomputeEnv(gym.Env):
                  *, graph: str = "candidates", infeasible_penalty: float = 1.0, invalid_penalty: float = 0.1,
                  max_episode_steps: int | None = None, simulator: Any = None,
                  action_graph: ActionGraph | None = None, recompute_chains: bool = True,
-                 reward: str = "whole", render_mode: str | None = None) -> None:
+                 max_chain: int = 1, reward: str = "whole", render_mode: str | None = None) -> None:
         from dqn_swap.simulator import Simulator
 
         if isinstance(trace, (str, os.PathLike)):
@@ -241,6 +261,9 @@ class SwapRecomputeEnv(gym.Env):
             raise ValueError(f"reward must be 'whole' or 'accrued', not {reward!r}")
         self.reward_mode = reward
         self.recompute_chains = bool(recompute_chains)
+        if isinstance(max_chain, bool) or int(max_chain) != max_chain or max_chain < 1:
+            raise ValueError(f"max_chain must be a whole number of at least 1, not {max_chain!r}")
+        self.max_chain = int(max_chain)
         self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
         # per node, the action as the simulator's arrays (Simulator.run_summary: no Action objects per step)
         self._node_event = g.event.astype(np.int64)
@@ -261,6 +284,9 @@ class SwapRecomputeEnv(gym.Env):
         self._node_op = np.ascontiguousarray(g.node_op, dtype=np.int64)
         self._time_scale = float(g.time_scale)
         self._tv_arg = np.empty(g.n_nodes, dtype=np.float64)  # work array of _update_features
+        self._is_swap = g.kind == SWAP
+        # per node, its tensor's device-to-host copy time (seconds; swap_slack)
+        self._node_d2h = np.asarray(self.sim.tt_d2h, dtype=np.float64)[self._node_tensor]
         from .kernels import refresh
 
         self._refresh = refresh
@@ -277,6 +303,10 @@ class SwapRecomputeEnv(gym.Env):
         self._avail = self._node_acts.copy()
         self._chosen = np.zeros(self.graph.n_nodes, dtype=bool)
         self._chain_blocked = np.zeros(self.graph.n_nodes, dtype=bool)
+        # chains off with max_chain > 1: per chosen recompute node its group (a node of it), -1 else;
+        # per group node, the group's size
+        self._group = np.full(self.graph.n_nodes, -1, dtype=np.int64)
+        self._group_size = np.zeros(self.graph.n_nodes, dtype=np.int64)
         self._overhead = 0.0
         self._penalty = 0.0
         self._steps = 0
@@ -290,6 +320,8 @@ class SwapRecomputeEnv(gym.Env):
         self._valid = np.zeros(self.graph.n_nodes, dtype=bool)
         self._tv_nodes = np.zeros(self.graph.n_nodes, dtype=np.int64)  # nodes whose time_to_violation ...
         self._n_tv = 0  # ... is set in _x: the first _n_tv
+        self._slack_nodes = np.zeros(0, dtype=np.int64)  # nodes whose swap_slack is set in _x ...
+        self._n_slack = 0  # ... (all of _slack_nodes when not 0)
 
     @property
     def result(self) -> Any:
@@ -335,10 +367,38 @@ class SwapRecomputeEnv(gym.Env):
         self._cur, self._n_tv = cur, k
         if k:
             x[self._tv_nodes[:k], F_TVIOL] = np.log1p(self._tv_arg[:k])
+        self._update_slack()
         deficit = float(np.log1p(self._deficit / g.size_scale))
         if deficit != self._deficit_feature:
             x[:, F_DEFICIT] = deficit
             self._deficit_feature = deficit
+
+    def _update_slack(self) -> None:
+        """Column ``swap_slack`` of the valid swap nodes (zero elsewhere; see the class docstring)."""
+        x = self._x
+        if self._n_slack:
+            x[self._slack_nodes, F_SLACK] = 0.0
+            self._n_slack = 0
+        if self._op < 0:
+            return
+        nodes = np.flatnonzero(self._valid & self._is_swap)
+        if not len(nodes):
+            return
+        t_e = self._event_time[nodes]
+        done = t_e + self._node_d2h[nodes]  # when each copy would end on an idle engine
+        chosen = np.asarray([n for n in self._nodes if self._is_swap[n]], dtype=np.int64)
+        if len(chosen):
+            # the engine's queue of the plan's copies, in request order: end_i = max(t_i, end_{i-1}) + d_i
+            order = np.argsort(self._event_time[chosen], kind="stable")
+            t_q, d_q = self._event_time[chosen][order], self._node_d2h[chosen][order]
+            cum = np.cumsum(d_q)
+            end = cum + np.maximum.accumulate(t_q - (cum - d_q))
+            last = np.searchsorted(t_q, t_e, side="right") - 1  # copies requested at or before t_e
+            busy = np.where(last >= 0, end[np.maximum(last, 0)], 0.0)
+            done = np.maximum(t_e, busy) + self._node_d2h[nodes]
+        slack = (float(self._op_start[self._op]) - done) / self._time_scale
+        x[nodes, F_SLACK] = np.sign(slack) * np.log1p(np.abs(slack))
+        self._slack_nodes, self._n_slack = nodes, len(nodes)
 
     def _stuck(self) -> bool:
         return not self._feasible and bool(self._valid[0])
@@ -347,7 +407,7 @@ class SwapRecomputeEnv(gym.Env):
         """The dynamic part of the observation (fast path for learners)."""
         return DynamicState(valid=self._valid.copy(), current=self._cur, limit=self._limit_feature,
                             deficit=self._deficit_feature, time_to_violation=self._x[:, F_TVIOL].copy(),
-                            chosen=self._chosen.copy())
+                            chosen=self._chosen.copy(), swap_slack=self._x[:, F_SLACK].copy())
 
     def node_features(self, st: DynamicState | None = None) -> np.ndarray:
         st = st or self.state()
@@ -358,6 +418,8 @@ class SwapRecomputeEnv(gym.Env):
         x[:, F_DEFICIT] = st.deficit
         x[:, F_TVIOL] = st.time_to_violation
         x[:, F_CHOSEN] = st.chosen
+        if st.swap_slack is not None:
+            x[:, F_SLACK] = st.swap_slack
         return x
 
     def _obs(self) -> spaces.GraphInstance:
@@ -427,8 +489,31 @@ class SwapRecomputeEnv(gym.Env):
         self._x[node, F_CHOSEN] = 1.0
         if self._chain_links is not None and self.graph.kind[node] == RECOMPUTE:
             links = self._chain_links[node]
-            self._chain_blocked[links] = True
-            self._avail[links] = False
+            if self.max_chain == 1:  # no chains: every linked removal is blocked
+                self._chain_blocked[links] = True
+                self._avail[links] = False
+            else:
+                self._join_group(node, links)
+
+    def _join_group(self, node: int, links: np.ndarray) -> None:
+        """Chains off, ``max_chain > 1``: put the removal ``node`` in one group with the chosen
+        removals it links to, then block every unchosen removal whose group would exceed
+        ``max_chain`` tensors (groups only grow, so a blocked removal stays blocked)."""
+        group, size = self._group, self._group_size
+        joined = np.unique(group[links][group[links] >= 0])
+        total = 1 + int(size[joined].sum())
+        if len(joined):
+            group[np.isin(group, joined)] = node
+        group[node] = node
+        size[node] = total
+        members = np.flatnonzero(group == node)
+        around = np.unique(np.concatenate([self._chain_links[int(m)] for m in members]))
+        for u in around[group[around] < 0].tolist():
+            linked = self._chain_links[u]
+            groups = np.unique(group[linked][group[linked] >= 0])
+            if 1 + int(size[groups].sum()) > self.max_chain:
+                self._chain_blocked[u] = True
+                self._avail[u] = False
 
     def _resimulate(self) -> float:
         """Simulate the plan so far; returns minus the overhead added since the last simulation."""
@@ -466,8 +551,10 @@ class SwapRecomputeEnv(gym.Env):
         return float(reward), self._done
 
     _EPISODE_FIELDS = ("actions", "_nodes", "_plan_arrays", "_n", "_avail", "_chosen", "_chain_blocked",
+                       "_group", "_group_size",
                        "_overhead", "_penalty", "_steps", "_done", "_summary", "_feasible", "_op", "_deficit",
-                       "_valid", "episode_return", "_x", "_cur", "_deficit_feature", "_tv_nodes", "_n_tv")
+                       "_valid", "episode_return", "_x", "_cur", "_deficit_feature", "_tv_nodes", "_n_tv",
+                       "_slack_nodes", "_n_slack")
 
     def snapshot(self) -> tuple:
         """The episode's state, for :meth:`restore` (a planner's lookahead)."""

@@ -96,7 +96,8 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
 
 #: The configuration fields that make an agent's environment and its rewards: the agents of an
 #: ensemble must agree on them, since they read the same observations (:func:`load_ensemble`).
-ENVIRONMENT_FIELDS = ("graph", "recompute_chains", "reward", "infeasible_penalty", "invalid_penalty", "reward_scale")
+ENVIRONMENT_FIELDS = ("graph", "recompute_chains", "max_chain", "reward", "infeasible_penalty", "invalid_penalty",
+                      "reward_scale")
 
 
 def _network(obj: Any) -> tuple[QNetwork, DQNConfig]:

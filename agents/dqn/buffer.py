@@ -79,6 +79,8 @@ class ReplayBuffer:
         for st in (t.state, t.next_state):
             if st.time_to_violation.dtype != np.float16:
                 object.__setattr__(st, "time_to_violation", st.time_to_violation.astype(np.float16))
+            if st.swap_slack is not None and st.swap_slack.dtype != np.float16:
+                object.__setattr__(st, "swap_slack", st.swap_slack.astype(np.float16))
         self.data[self.pos] = t
         self.priority[self.pos] = self.max_priority
         self.pos = (self.pos + 1) % self.capacity

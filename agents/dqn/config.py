@@ -16,12 +16,17 @@ class DQNConfig:
     the graph state does not grow with the graph, which helps one agent serve
     graphs of very different sizes), ``bias`` adds biases to the linear maps,
     ``aggr`` ``"sum"`` (Eq. 1) or ``"mean"`` (ours: neighbourhood averages),
-    ``head_features`` (ours: the Q head also reads the node's own features).
+    ``head_features`` (ours: the Q head also reads the node's own features),
+    ``swap_slack`` (ours: the network also reads the observation's ``swap_slack``
+    column, when a swap's copy out would end against the copies already queued;
+    see :class:`dqn_swap.env.SwapRecomputeEnv`).
 
     Environment: ``graph`` (``"candidates"``, ``"dataflow"`` or ``"events"``, see
     :mod:`dqn_swap.env.candidates`), ``recompute_chains`` (False: a recompute action
     that would need another removed tensor re-run first is invalid, see
-    :class:`dqn_swap.env.SwapRecomputeEnv`), ``reward`` (``"whole"``: every action is
+    :class:`dqn_swap.env.SwapRecomputeEnv`), ``max_chain`` (with chains off, the
+    largest group of removals linked that way that is still offered; 1: none),
+    ``reward`` (``"whole"``: every action is
     charged its whole cost when taken; ``"accrued"``: only the stalls before
     the first excess, see :class:`dqn_swap.env.SwapRecomputeEnv`), penalties.
 
@@ -70,11 +75,13 @@ class DQNConfig:
     readout: str = "mean"
     head: str = "eq3"
     head_features: bool = True
+    swap_slack: bool = False
     aggr: str = "mean"
     bias: bool = True
     # environment
     graph: str = "candidates"
     recompute_chains: bool = False
+    max_chain: int = 1
     reward: str = "whole"
     infeasible_penalty: float = 1.0
     invalid_penalty: float = 0.1
@@ -144,15 +151,17 @@ class DQNConfig:
 
 
 #: What agents saved before a setting existed were trained and run with.
-BEFORE_KEYS: dict[str, Any] = {"recompute_chains": True, "reward": "accrued", "aggr": "sum",
+BEFORE_KEYS: dict[str, Any] = {"recompute_chains": True, "max_chain": 1, "swap_slack": False, "reward": "accrued",
+                               "aggr": "sum",
                                "head_features": False}
 
 
 # What each setting may be: (type, low, high) for numbers (inclusive; None: unbounded), or the choices.
 _RULES: dict[str, Any] = {
     "p": (int, 1, 1024), "T": (int, 1, 32), "readout": ("sum", "mean"), "head": ("eq3", "mlp"),
-    "head_features": bool, "aggr": ("sum", "mean"), "bias": bool, "graph": ("candidates", "dataflow", "events"),
-    "recompute_chains": bool, "reward": ("whole", "accrued"), "infeasible_penalty": (float, 0, None),
+    "head_features": bool, "swap_slack": bool, "aggr": ("sum", "mean"), "bias": bool,
+    "graph": ("candidates", "dataflow", "events"), "recompute_chains": bool, "max_chain": (int, 1, 64),
+    "reward": ("whole", "accrued"), "infeasible_penalty": (float, 0, None),
     "invalid_penalty": (float, 0, None), "total_timesteps": (int, 1, 10**9), "learning_rate": (float, 1e-12, 10),
     "buffer_size": (int, 1, 10**8), "batch_size": (int, 1, 65536), "gamma": (float, 0, 1),
     "reward_scale": (float, 1e-12, 1e6), "learning_starts": (int, 0, 10**9), "train_frequency": (int, 1, 10**6),

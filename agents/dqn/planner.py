@@ -90,7 +90,8 @@ def make_env(trace: Trace, memory_limit: LimitSpec, profile: str | DeviceProfile
     return SwapRecomputeEnv(trace, memory_limit, profile, graph=config.graph,
                             infeasible_penalty=config.infeasible_penalty,
                             invalid_penalty=config.invalid_penalty,
-                            recompute_chains=config.recompute_chains, reward=config.reward, **kwargs)
+                            recompute_chains=config.recompute_chains, max_chain=config.max_chain,
+                            reward=config.reward, **kwargs)
 
 
 @torch.no_grad()
@@ -339,7 +340,8 @@ class DQNPlanner:
     def _settings(self, **extra: Any) -> dict[str, Any]:
         agent = [str(p) for p in self.agent_path] if isinstance(self.agent_path, list) else str(self.agent_path)
         return {"agent": agent, "graph": self.config.graph,
-                "recompute_chains": self.config.recompute_chains, **extra}
+                "recompute_chains": self.config.recompute_chains,
+                **({"max_chain": self.config.max_chain} if self.config.max_chain != 1 else {}), **extra}
 
     #: Greedy decoding reads only observations, and those do not depend on how an
     #: unfinished plan is charged: the simulator may stop at the first excess (faster).

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import scatter
 
-from dqn_swap.env.candidates import F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, N_FEATURES, ActionGraph
+from dqn_swap.env.candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_SLACK, F_TVIOL, F_VALID, N_FEATURES,
+                                     N_FEATURES_BEFORE_SLACK, ActionGraph)
 from dqn_swap.env.swap_recompute import DynamicState
 
 from .config import DQNConfig
@@ -95,10 +96,17 @@ class QNetwork(nn.Module):
       (``head="mlp"``: :math:`W_7` is a two-layer perceptron; ``head_features=True`` (ours)
       appends :math:`W_9 x_a`, the node's own features, to the head's input, so that the
       ranking of actions can read them unmixed with the neighbourhood).
+
+    It reads the first ``in_features`` node feature columns: all of them with
+    ``config.swap_slack``, else those before ``swap_slack`` (what agents trained
+    before that column existed read).
     """
 
-    def __init__(self, config: DQNConfig, in_features: int = N_FEATURES) -> None:
+    def __init__(self, config: DQNConfig, in_features: int | None = None) -> None:
         super().__init__()
+        if in_features is None:
+            in_features = N_FEATURES if config.swap_slack else N_FEATURES_BEFORE_SLACK
+        self.in_features = in_features
         p, bias = config.p, config.bias
         if config.readout not in ("sum", "mean"):
             raise ValueError(f"readout must be 'sum' or 'mean', not {config.readout!r}")
@@ -125,6 +133,7 @@ class QNetwork(nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, current: Tensor,
                 num_graphs: int) -> Tensor:
         """Q-value of every node (shape ``(N,)``); ``current`` holds global node indices."""
+        x = x[:, :self.in_features]
         s = self.embed(x, edge_index, edge_attr)
         pooled = scatter(s, batch, dim=0, dim_size=num_graphs, reduce=self.readout)
         g = torch.cat([self.w5(pooled), self.w6(s[current])], dim=1)
@@ -157,6 +166,8 @@ class GraphBatcher:
             x[:, F_DEFICIT] = st.deficit
             x[:, F_TVIOL] = torch.from_numpy(np.asarray(st.time_to_violation, dtype=np.float32))
             x[:, F_CHOSEN] = torch.from_numpy(np.asarray(st.chosen, dtype=np.float32))
+            if st.swap_slack is not None:
+                x[:, F_SLACK] = torch.from_numpy(np.asarray(st.swap_slack, dtype=np.float32))
             n = x.size(0)
             xs.append(x)
             eis.append(ei + off if off else ei)
@@ -208,7 +219,8 @@ class QEnsemble(nn.Module):
               num_graphs: int) -> Tensor:
         """:meth:`QNetwork.forward` of every member at once, members side by side in ``(N, K p)``; their mean."""
         ms: list[QNetwork] = list(self.members)  # type: ignore[arg-type]
-        first, n, k = ms[0], x.size(0), len(ms)
+        first, n = ms[0], x.size(0)
+        x = x[:, :first.in_features]
         p = first.w5.in_features
 
         def shared(mods: list[nn.Linear], h: Tensor) -> Tensor:  # every member's map of one input

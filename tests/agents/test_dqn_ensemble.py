@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -134,3 +136,27 @@ def test_members_of_other_shapes_run_one_by_one(tmp_path, tiny_resnet_trace):  #
             q = q_values(ens, batcher, items)[0]
             assert torch.equal(q, torch.stack([q_values(m, batcher, items)[0] for m in members]).mean(0))
     assert QEnsemble(nets[:1] * 2).fusable
+
+
+def test_agents_with_and_without_swap_slack_read_their_own_columns(tmp_path, tiny_resnet_trace):
+    """An agent without ``swap_slack`` (as every agent trained before it) reads columns 0-10 only:
+    its Q does not move when column 11 does; one with it does; an ensemble of both is the mean
+    of the two, run member by member."""
+    old, new = agent(tmp_path, "old.pt", 0), agent(tmp_path, "new.pt", 1, swap_slack=True)
+    net, config, _ = load_ensemble([old, new])
+    assert not net.fusable
+    env = make_env(tiny_resnet_trace, "5%", None, config)
+    env.reset(seed=0)
+    st = env.state()
+    assert (st.swap_slack != 0).any()
+    flat = dataclasses.replace(st, swap_slack=np.zeros_like(st.swap_slack))
+    batcher = GraphBatcher()
+    key = batcher.register(env.graph)
+    with torch.no_grad():
+        q = {name: [q_values(m, batcher, [(key, s)])[0] for s in (st, flat)]
+             for name, m in zip(("old", "new"), net.members)}
+        both = q_values(net, batcher, [(key, st)])[0]
+    assert net.members[0].in_features == 11 and net.members[1].in_features == 12
+    assert torch.equal(q["old"][0], q["old"][1])
+    assert not torch.equal(q["new"][0], q["new"][1])
+    assert torch.allclose(both, (q["old"][0] + q["new"][0]) / 2, rtol=0, atol=1e-6)

@@ -11,8 +11,8 @@ import dqn_swap.env as env_pkg
 from dqn_swap.simulator import simulate
 from dqn_swap.limits import resolve_limit
 from dqn_swap.env import SwapRecomputeEnv
-from dqn_swap.env.candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_TVIOL, F_VALID, NOTHING, RECOMPUTE,
-                                     build_action_graph)
+from dqn_swap.env.candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_SLACK, F_TVIOL, F_VALID, NOTHING,
+                                     RECOMPUTE, SWAP, build_action_graph)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,39 @@ def test_no_recompute_chains(trace, seed):
         e.step(a), chained.step(a)
 
 
+@pytest.mark.parametrize("max_chain", [2, 3])
+def test_removal_groups_stay_within_max_chain(trace, max_chain):
+    """With chains off and ``max_chain`` k, removals linked by a producer reading another form
+    groups of at most k tensors, and such groups do form; the environment blocks exactly the
+    removals the rule forbids, a subset of those that k = 1 would block; returns still add up."""
+    largest = 0
+    for seed in range(6):
+        e = SwapRecomputeEnv(trace, "5%", recompute_chains=False, max_chain=max_chain)
+        rng = np.random.default_rng(seed)
+        e.reset()
+        total = 0.0
+        while not e._done:
+            blocked = chain_blocked_from_scratch(e)
+            assert np.array_equal(e._chain_blocked & (e.graph.kind == RECOMPUTE), blocked)
+            assert not (blocked & ~chain_blocked_from_scratch(e, 1)).any()
+            total += e.step(int(rng.choice(np.flatnonzero(e.action_masks()))))[1]
+        removed = {a.tensor for a in e.actions if a.kind == 1}
+        sizes: dict[int, int] = {}
+        for root in removal_groups(e, removed).values():
+            sizes[root] = sizes.get(root, 0) + 1
+        assert max(sizes.values(), default=0) <= max_chain
+        largest = max(largest, max(sizes.values(), default=0))
+        res = simulate(trace, e.plan(), memory_limit=e.memory_limit, profile=e.profile, overcommit=True)
+        assert total == pytest.approx(-res.overhead - e._penalty, rel=1e-9, abs=1e-12)
+    assert largest >= 2, "random episodes at this limit join removals into groups"
+
+
+def test_max_chain_is_checked(trace):
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="max_chain"):
+            SwapRecomputeEnv(trace, "50%", recompute_chains=False, max_chain=bad)
+
+
 @pytest.mark.parametrize("reward", ["whole", "accrued"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_step_many_returns_add_up_to_minus_simulated_overhead(trace, reward, seed):
@@ -237,16 +270,58 @@ def test_deficit_ahead_reads_the_simulators_memory_need(trace):
     assert np.all(need[away] - after[away] == trace.tensor_nbytes[act.tensor])
 
 
+def removal_groups(e: SwapRecomputeEnv, removed: set[int]) -> dict[int, int]:
+    """Per removed tensor, a label of its group: removals joined by a producer reading another."""
+    label = {x: x for x in removed}
+
+    def find(x: int) -> int:
+        while label[x] != x:
+            x = label[x]
+        return x
+
+    for x in removed:
+        for y in e.sim.index.op_inputs[int(e.trace.tensor_alloc_op[x])]:
+            if int(y) in removed and int(y) != x:
+                label[find(x)] = find(int(y))
+    return {x: find(x) for x in removed}
+
+
+def chain_blocked_from_scratch(e: SwapRecomputeEnv, max_chain: int | None = None) -> np.ndarray:
+    """The recompute nodes the chain rule blocks, from the removals taken alone: with chains off,
+    those whose removal would join removals into a group of more than ``max_chain`` tensors
+    (default the environment's)."""
+    max_chain = e.max_chain if max_chain is None else max_chain
+    g = e.graph
+    blocked = np.zeros(g.n_nodes, dtype=bool)
+    if e.recompute_chains:
+        return blocked
+    removed = {a.tensor for a in e.actions if a.kind == 1}
+    groups = removal_groups(e, removed)
+    size: dict[int, int] = {}
+    for root in groups.values():
+        size[root] = size.get(root, 0) + 1
+    inputs, alloc = e.sim.index.op_inputs, e.trace.tensor_alloc_op
+    readers: dict[int, set[int]] = {}
+    for x in range(e.trace.n_tensors):
+        for y in inputs[int(alloc[x])]:
+            readers.setdefault(int(y), set()).add(x)
+    for n in np.flatnonzero(g.kind == RECOMPUTE):
+        u = int(g.tensor[n])
+        if u in removed:
+            continue
+        linked = ({int(y) for y in inputs[int(alloc[u])]} | readers.get(u, set())) & removed - {u}
+        roots = {groups[x] for x in linked}
+        blocked[n] = 1 + sum(size[r] for r in roots) > max_chain
+    return blocked
+
+
 def features_from_scratch(e: SwapRecomputeEnv) -> tuple[np.ndarray, np.ndarray, int, float]:
     """``(nodes, mask, current, deficit)`` of the class docstring's observation, computed from the
     simulator's full result of the plan so far and the graph alone (what the environment keeps
     up to date step by step)."""
     g, res = e.graph, e.result
     acted = np.isin(g.tensor, [a.tensor for a in e.actions])
-    blocked = np.zeros(g.n_nodes, dtype=bool)
-    for n in e._nodes:
-        if e._chain_links is not None and g.kind[n] == RECOMPUTE:
-            blocked[e._chain_links[n]] = True
+    blocked = chain_blocked_from_scratch(e)
     x = g.x_static.copy()
     if res.feasible:
         valid, cur, deficit = np.zeros(g.n_nodes, dtype=bool), 0, 0.0
@@ -266,16 +341,40 @@ def features_from_scratch(e: SwapRecomputeEnv) -> tuple[np.ndarray, np.ndarray, 
     x[:, F_VALID], x[:, F_LIMIT] = valid, np.clip((e.memory_limit - lo) / max(hi - lo, 1), -1.0, 2.0)
     x[cur, F_EXEC], x[:, F_DEFICIT], x[:, F_TVIOL] = 1.0, deficit, tv.astype(np.float32)
     x[:, F_CHOSEN] = np.isin(np.arange(g.n_nodes), e._nodes)
+    x[:, F_SLACK] = swap_slack_from_scratch(e, valid)
     return x, valid, cur, deficit
+
+
+def swap_slack_from_scratch(e: SwapRecomputeEnv, valid: np.ndarray) -> np.ndarray:
+    """Column ``swap_slack`` by running the device-to-host queue copy by copy: the plan's swaps in
+    order of their decision events, each starting when the engine is free and its event has run."""
+    g, out = e.graph, np.zeros(e.graph.n_nodes, dtype=np.float32)
+    if e.result.feasible:
+        return out
+    d2h = np.asarray(e.sim.tt_d2h)
+    queue = sorted((float(g.event_time[n]), float(d2h[g.tensor[n]])) for n in e._nodes if g.kind[n] == SWAP)
+    t_v = float(e.trace.op_start[e.decision_op])
+    for n in np.flatnonzero(valid & (g.kind == SWAP)):
+        t_e, free = float(g.event_time[n]), 0.0
+        for t, d in queue:
+            if t > t_e:
+                break
+            free = max(free, t) + d
+        slack = (t_v - (max(t_e, free) + float(d2h[g.tensor[n]]))) / g.time_scale
+        out[n] = np.sign(slack) * np.log1p(abs(slack))
+    return out
 
 
 @pytest.mark.parametrize("limit,graph,chains,reward", [("30%", "candidates", True, "whole"),
                                                        ("5%", "candidates", False, "accrued"),
+                                                       ("5%", "candidates", 3, "whole"),
                                                        ("50%", "events", True, "whole")])
 def test_observation_kept_step_by_step_is_the_one_made_from_scratch(trace, limit, graph, chains, reward):
     """Through episodes with invalid actions, batches, snapshots and restores, the observation,
-    mask and state kept up to date in place are those computed afresh from the simulator's result."""
-    e = SwapRecomputeEnv(trace, limit, graph=graph, recompute_chains=chains, reward=reward)
+    mask and state kept up to date in place are those computed afresh from the simulator's result.
+    ``chains``: True, False, or a number (chains off, groups of at most that many)."""
+    groups = {} if isinstance(chains, bool) else {"max_chain": chains}
+    e = SwapRecomputeEnv(trace, limit, graph=graph, recompute_chains=chains is True, reward=reward, **groups)
     rng = np.random.default_rng(0)
     checked = 0
 
