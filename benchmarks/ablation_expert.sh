@@ -11,11 +11,13 @@
 # (recompute_chains=True), without which the environment cannot reach the best plans known
 # (benchmarks/bench_env_ceiling.py), two seeds each with the candidates graph and with the dataflow
 # graph (graph=dataflow: a removal joined to the inputs it re-runs); then the chains arm trained
-# longer, on two and four networks a family, and TD learning with it.  The agents are then planned,
-# alone and in one pass, on two networks of each validation family at four limits (40 cells),
-# beside the shipped agent, and on the test families' 56 cells against the best plans known.
-# The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble); the six seeds
-# of the 24k arm together are checkpoints/ensemble.pt:
+# longer, on two and four networks a family, and TD learning with it.  The groups3 arm offers
+# removals in groups of up to three linked tensors (max_chain=3, chains otherwise off), four seeds;
+# the slack arm reads the observation's swap_slack column (swap_slack=True), six seeds.  The agents
+# are then planned, alone and in one pass, on two networks of each validation family at four limits
+# (40 cells), beside the shipped agent, and on the test families' 56 cells against the best plans
+# known.  The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble); the six
+# seeds of the 24k arm and the first four of the slack arm together are checkpoints/ensemble.pt:
 #
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
@@ -66,6 +68,14 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
   "$PY" -m dqn_swap train $gen4 "${common[@]}" "${expert[@]}" "${chains[@]}" --steps 16000 -o "$out/chains_4pf.pt"
   "$PY" -m dqn_swap train $gen "${common[@]}" "${chains[@]}" --set demo_improve=search --set demo_fraction=0.5 \
       -o "$out/td_search_chains.pt"
+  for seed in 0 1 2 3; do  # removals in groups of up to three linked tensors
+    "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set max_chain=3 --steps 24000 --seed $seed \
+        -o "$out/groups3_24k_s$seed.pt"
+  done
+  for seed in 0 1 2 3 4 5; do  # the swap_slack column read
+    "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set swap_slack=True --steps 24000 --seed $seed \
+        -o "$out/slack_24k_s$seed.pt"
+  done
 }
 arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
       expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"
@@ -82,7 +92,15 @@ arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert=
       ensemble-chains="$out/chains_s0.pt+$out/chains_s1.pt" ensemble-dataflow="$out/dataflow_s0.pt+$out/dataflow_s1.pt"
       ensemble-24k-4seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt"
       ensemble-24k-s2-s5="$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt"
-      ensemble-24k-6seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt")
+      ensemble-24k-6seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt"
+      groups3-s0="$out/groups3_24k_s0.pt" groups3-s1="$out/groups3_24k_s1.pt" groups3-s2="$out/groups3_24k_s2.pt"
+      groups3-s3="$out/groups3_24k_s3.pt"
+      ensemble-groups3-4seeds="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt"
+      slack-s0="$out/slack_24k_s0.pt" slack-s1="$out/slack_24k_s1.pt" slack-s2="$out/slack_24k_s2.pt"
+      slack-s3="$out/slack_24k_s3.pt" slack-s4="$out/slack_24k_s4.pt" slack-s5="$out/slack_24k_s5.pt"
+      ensemble-slack-6seeds="$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt+$out/slack_24k_s4.pt+$out/slack_24k_s5.pt"
+      ensemble-24k-6seeds+slack-4seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt+$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt"
+      ensemble-24k-6seeds+slack-6seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt+$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt+$out/slack_24k_s4.pt+$out/slack_24k_s5.pt")
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
     --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \

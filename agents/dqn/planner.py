@@ -4,8 +4,9 @@
   every decision point take the valid action node of highest Q, until the
   plan fits (or nothing can help).  No search: this is the agent's plan.
   ``decode="cover"`` (ours) reads Q once per decision point and takes the
-  valid actions in decreasing Q until their bytes cover the memory missing
-  there and over the next ``COVER_AHEAD_OPS`` ops (:func:`cover_episode`);
+  valid actions of the best one's kind in decreasing Q until their bytes
+  cover the memory missing there and over the next ``COVER_AHEAD_OPS`` ops
+  (:func:`cover_episode`);
   ``"auto"`` (the default) uses it on graphs of at least
   ``AUTO_COVER_NODES`` action nodes.  Measured on the 2-core machine
   (``benchmarks/bench_dqn.py plan-time``), shipped agent, ResNet-1001 b64 at
@@ -128,11 +129,20 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
                   ahead: int = COVER_AHEAD_OPS) -> dict[str, Any]:
     """Greedy decoding that takes several actions per decision point.
 
-    At each decision point Q is read once and the valid actions are taken in
-    decreasing Q until their bytes cover what is missing, and the simulator
-    runs once for the lot (:func:`cover_batch`).  Same Q-values and order of
+    At each decision point Q is read once and the valid actions of the best
+    one's kind (all swaps or all removals) are taken in decreasing Q until their
+    bytes cover what is missing, and the simulator runs once for the lot
+    (:func:`cover_batch` with ``one_kind``).  Same Q-values and order of
     preference as :func:`greedy_episode`; what it skips is re-reading Q (and
     re-simulating) between actions the coming ops call for anyway.
+
+    One kind a batch (ours): an action of the other kind waits for the next read
+    of Q, as in greedy decoding, where the Q of the actions left moves after each
+    one taken.  Batches that mixed kinds took removals greedy decoding does not
+    take: on the comparison grid's 100-step LSTM (6,863 ops) the shipped ensemble
+    planned 0.078-0.50 of overhead at 90/70/50/30 % where greedy decoding and
+    window scheduling plan 0-0.0056; with one kind a batch it plans 0-0.0053
+    (docs/learning.md, "Decoding large graphs").
     """
     env.reset(seed=0)
     g = env.graph
@@ -145,20 +155,22 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
             _, r, term, trunc, _ = env.step(best)
             ret, steps, done = ret + r, steps + 1, term or trunc
             continue
-        picked = cover_batch(env, q, order, ahead=ahead)
+        picked = cover_batch(env, q, order, ahead=ahead, one_kind=True)
         r, done = env.step_many(picked)
         ret, steps = ret + r, steps + len(picked)
     return episode_summary(env, ret, steps)
 
 
 def cover_batch(env: SwapRecomputeEnv, q: np.ndarray, order: np.ndarray, first: int | None = None,
-                ahead: int = COVER_AHEAD_OPS) -> list[int]:
+                ahead: int = COVER_AHEAD_OPS, one_kind: bool = False) -> list[int]:
     """The actions ``cover`` decoding takes at the current decision point: valid actions in the
     order ``order`` (decreasing Q), ``first`` first if given, until their bytes cover what is
     missing.  "What is missing" is the larger of the deficit at the decision point and the most
     any of the next ``ahead`` ops lacks under the simulator's instant-swap memory need; once the
     decision point itself is covered, actions whose tensor comes back within those ops are
-    skipped (they do not help the ops ahead).  ``ahead=0`` covers the decision point only."""
+    skipped (they do not help the ops ahead).  ``ahead=0`` covers the decision point only.
+    ``one_kind``: only actions of the first one's kind (``cover`` decoding); the lookahead of
+    :func:`search_cover_episode` mixes kinds, since its simulations judge each batch."""
     g = env.graph
     nbytes = env.trace.tensor_nbytes
     here = env.deficit_bytes
@@ -169,6 +181,8 @@ def cover_batch(env: SwapRecomputeEnv, q: np.ndarray, order: np.ndarray, first: 
     for a in seq:
         if not np.isfinite(q[a]) or freed >= need and picked:
             break
+        if one_kind and picked and g.kind[a] != g.kind[picked[0]]:
+            continue
         t = int(g.tensor[a])
         if t in tensors or (freed >= here and picked and g.reuse_op[a] <= horizon):
             continue

@@ -9,6 +9,7 @@ point, memory limit) into copies of the static node features.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -195,11 +196,12 @@ class QEnsemble(nn.Module):
     families by more than most training options do, and their mean is at or ahead of every member
     on the validation families.
 
-    Members of one shape (the same ``p``, ``T``, readout, aggregation, biases and the ``eq3`` head)
-    run side by side (:meth:`fused`): every sparse sum, gather and pooling is done once for all
-    members, on their states laid side by side, and only the dense maps member by member, so
-    a decision costs one pass of Python and kernel launches instead of ``K``.  The Q-values are the
-    members' to rounding (the sums run in another order); other members run one by one.
+    Members of one shape (the same ``p``, ``T``, readout, aggregation, biases, feature columns and
+    the ``eq3`` head) run side by side (:meth:`fused`): every sparse sum, gather and pooling is done
+    once for all of them, on their states laid side by side, and only the dense maps member by
+    member, so a decision costs one pass of Python and kernel launches per shape instead of one
+    per member.  The Q-values are the members' to rounding (the sums run in another order); members
+    of a shape of their own, or that cannot be fused, run alone.
     """
 
     def __init__(self, members: Sequence[nn.Module]) -> None:
@@ -207,18 +209,26 @@ class QEnsemble(nn.Module):
         if len(members) < 2:
             raise ValueError("an ensemble needs at least two agents")
         self.members = nn.ModuleList(members)
-        shapes = {_shape(m) for m in self.members}
-        self.fusable = len(shapes) == 1 and None not in shapes
+        by_shape: dict[Any, list[int]] = {}
+        for i, m in enumerate(self.members):
+            shape = _shape(m)
+            by_shape.setdefault(("alone", i) if shape is None else shape, []).append(i)
+        #: indices of the members run together (side by side when more than one), in first-member order
+        self.groups = list(by_shape.values())
+        self.fusable = len(self.groups) == 1
 
     def forward(self, *args: Tensor) -> Tensor:
-        if self.fusable:
-            return self.fused(*args)
-        return torch.stack([m(*args) for m in self.members]).mean(dim=0)
+        q = []
+        for group in self.groups:
+            ms = [self.members[i] for i in group]
+            q.append(self.fused(*args, members=ms) if len(ms) > 1 else ms[0](*args).unsqueeze(0))
+        return torch.cat(q).mean(dim=0)
 
     def fused(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, current: Tensor,
-              num_graphs: int) -> Tensor:
-        """:meth:`QNetwork.forward` of every member at once, members side by side in ``(N, K p)``; their mean."""
-        ms: list[QNetwork] = list(self.members)  # type: ignore[arg-type]
+              num_graphs: int, members: Sequence[QNetwork] | None = None) -> Tensor:
+        """:meth:`QNetwork.forward` of ``members`` (of one shape; default all) at once, side by side
+        in ``(N, K p)``: their Q-values, ``(K, N)``."""
+        ms: list[QNetwork] = list(self.members if members is None else members)  # type: ignore[arg-type]
         first, n = ms[0], x.size(0)
         x = x[:, :first.in_features]
         p = first.w5.in_features
@@ -254,7 +264,7 @@ class QEnsemble(nn.Module):
             g = torch.cat([g5[:, cols], g6[:, cols]], dim=1)
             parts = [g[batch], h8[:, cols]] + ([h9[:, cols]] if h9 is not None else [])
             q.append(m.w7(torch.relu(torch.cat(parts, dim=1))).squeeze(1))
-        return torch.stack(q).mean(dim=0)
+        return torch.stack(q)
 
 
 def _shape(m: nn.Module) -> tuple | None:

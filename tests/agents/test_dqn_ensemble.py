@@ -141,10 +141,10 @@ def test_members_of_other_shapes_run_one_by_one(tmp_path, tiny_resnet_trace):  #
 def test_agents_with_and_without_swap_slack_read_their_own_columns(tmp_path, tiny_resnet_trace):
     """An agent without ``swap_slack`` (as every agent trained before it) reads columns 0-10 only:
     its Q does not move when column 11 does; one with it does; an ensemble of both is the mean
-    of the two, run member by member."""
+    of the two; with two of each, each pair runs side by side and the mean is the members'."""
     old, new = agent(tmp_path, "old.pt", 0), agent(tmp_path, "new.pt", 1, swap_slack=True)
     net, config, _ = load_ensemble([old, new])
-    assert not net.fusable
+    assert not net.fusable and net.groups == [[0], [1]]
     env = make_env(tiny_resnet_trace, "5%", None, config)
     env.reset(seed=0)
     st = env.state()
@@ -160,3 +160,9 @@ def test_agents_with_and_without_swap_slack_read_their_own_columns(tmp_path, tin
     assert torch.equal(q["old"][0], q["old"][1])
     assert not torch.equal(q["new"][0], q["new"][1])
     assert torch.allclose(both, (q["old"][0] + q["new"][0]) / 2, rtol=0, atol=1e-6)
+    four, _, _ = load_ensemble([old, new, agent(tmp_path, "old2.pt", 2), agent(tmp_path, "new2.pt", 3, swap_slack=True)])
+    assert four.groups == [[0, 2], [1, 3]]
+    with torch.no_grad():
+        mean = q_values(four, batcher, [(key, st)])[0]
+        alone = torch.stack([q_values(m, batcher, [(key, st)])[0] for m in four.members]).mean(0)
+    assert torch.allclose(mean, alone, rtol=1e-5, atol=1e-6)

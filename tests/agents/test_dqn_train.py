@@ -139,3 +139,27 @@ def test_cover_decoding_plans_feasibly_with_fewer_q_passes(tiny_resnet_trace, tr
     assert plans["cover"].actions and plans["greedy"].actions
     with pytest.raises(ValueError, match="unknown decoding"):
         DQNPlanner(trained[0], decode="beam")
+
+
+def test_cover_batches_keep_to_the_best_actions_kind(tiny_resnet_trace):
+    """``one_kind``: a batch holds only actions of its first one's kind, the others waiting for the
+    next read of Q; without it, the batch takes actions in Q order whatever their kind."""
+    from dqn_swap.agents.dqn.planner import cover_batch
+    from dqn_swap.env.candidates import RECOMPUTE, SWAP
+
+    env = SwapRecomputeEnv(tiny_resnet_trace, "5%", recompute_chains=False)
+    env.reset(seed=0)
+    g, valid = env.graph, env.action_masks()
+    swaps = np.flatnonzero(valid & (g.kind == SWAP))
+    removals = np.flatnonzero(valid & (g.kind == RECOMPUTE))
+    assert len(swaps) > 1 and len(removals) > 1
+    q = np.full(g.n_nodes, -np.inf)
+    q[swaps], q[removals] = -1.0 - np.arange(len(swaps)), -1.5 - np.arange(len(removals))  # interleaved
+    order = np.argsort(-q, kind="stable")
+    mixed = cover_batch(env, q, order, ahead=10**6)
+    assert {int(g.kind[a]) for a in mixed} == {SWAP, RECOMPUTE}
+    for first in (int(swaps[0]), int(removals[0])):
+        batch = cover_batch(env, q, order, first=first, ahead=10**6, one_kind=True)
+        assert batch[0] == first and {int(g.kind[a]) for a in batch} == {int(g.kind[first])}
+        same = order[g.kind[order] == g.kind[first]]  # the kind's actions alone, in Q order
+        assert batch == cover_batch(env, q, same, first=first, ahead=10**6)
