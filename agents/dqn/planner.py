@@ -126,7 +126,7 @@ COVER_AHEAD_OPS = 40
 
 @torch.no_grad()
 def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
-                  ahead: int = COVER_AHEAD_OPS) -> dict[str, Any]:
+                  ahead: int = COVER_AHEAD_OPS, one_kind: bool = True) -> dict[str, Any]:
     """Greedy decoding that takes several actions per decision point.
 
     At each decision point Q is read once and the valid actions of the best
@@ -142,7 +142,10 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
     take: on the comparison grid's 100-step LSTM (6,863 ops) the shipped ensemble
     planned 0.078-0.50 of overhead at 90/70/50/30 % where greedy decoding and
     window scheduling plan 0-0.0056; with one kind a batch it plans 0-0.0053
-    (docs/learning.md, "Decoding large graphs").
+    (docs/learning.md, "Decoding large graphs").  ``one_kind=False``: batches
+    in Q order whatever the kind, which ``dqn-search`` keeps for the agent's
+    plan it polishes (its lookahead and local search judge that plan in the
+    simulator; its figures in docs/results.md were measured with such batches).
     """
     env.reset(seed=0)
     g = env.graph
@@ -155,7 +158,7 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
             _, r, term, trunc, _ = env.step(best)
             ret, steps, done = ret + r, steps + 1, term or trunc
             continue
-        picked = cover_batch(env, q, order, ahead=ahead, one_kind=True)
+        picked = cover_batch(env, q, order, ahead=ahead, one_kind=one_kind)
         r, done = env.step_many(picked)
         ret, steps = ret + r, steps + len(picked)
     return episode_summary(env, ret, steps)
@@ -463,7 +466,10 @@ class DQNSearchPlanner(DQNPlanner):
                 search_episode(self.net, batcher, env, self.k, self.config.reward_scale, on_step=looked)
             search_plan = env.plan(self.name, self._settings(k=self.k, decode=decode, decoded="search"))
             show(f"{decode} decoding")
-            (cover_episode if decode == "cover" else greedy_episode)(self.net, batcher, env)
+            if decode == "cover":
+                cover_episode(self.net, batcher, env, one_kind=False)
+            else:
+                greedy_episode(self.net, batcher, env)
             greedy_plan = env.plan(self.name, self._settings(k=self.k, decode=decode, decoded=decode))
             # Both decoded plans are polished and the faster kept: on the grid the greedy plan polished is
             # sometimes the better one though the search plan was better before (ResNet-50 at 70 %:
