@@ -10,11 +10,11 @@
   ``"auto"`` (the default) uses it on graphs of at least
   ``AUTO_COVER_NODES`` action nodes.  Measured on the 2-core machine
   (``benchmarks/bench_dqn.py plan-time``), shipped agent, ResNet-1001 b64 at
-  90/70/50/30 %: cover 0.5 / 1.8 / 2.3 / 2.5 s, greedy 4.1 / 14 / 29 / 43 s,
-  overheads within 4 % of greedy's (ahead of it at 70 % and 50 %).  On the
-  20-cell comparison grid cover wins 17 cells against auto's 18 (lower in
-  some, such as GPT at 30 %, but it loses ResNet-50 at 90 %), so ``auto``
-  keeps greedy decoding, the agent's own plan, on small graphs.
+  90/70/50/30 %: cover 0.25 / 0.76 / 1.1 / 0.81 s, greedy 2.3 / 6.4 / 13 / 14 s,
+  overheads within 1 % of greedy's (ahead of it at 50 % and 30 %).  On the
+  20-cell comparison grid, with its cell agents, cover wins 14 cells against
+  auto's 16 (``bench_dqn.py grid --decode cover``), so ``auto`` keeps greedy
+  decoding, the agent's own plan, on small graphs.
 * ``dqn-search`` (:class:`DQNSearchPlanner`): a separate planner that puts a
   small search on top: at every decision point it tries the ``k`` actions of
   highest Q in the simulator and keeps the one with the best one-step
