@@ -17,8 +17,7 @@ from dqn_swap.stop import kernel_interruption
 from dqn_swap.trace import Trace
 
 from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_SLACK, F_TVIOL, F_VALID, FEATURES, N_FEATURES,
-                         RECOMPUTE, SWAP,
-                         ActionGraph, build_action_graph)
+                         RECOMPUTE, SWAP, ActionGraph, build_action_graph)
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,9 @@ class SwapRecomputeEnv(gym.Env):
     default 1) relaxes that rule: removals linked that way form groups, and a
     removal is valid while the group it would join holds at most
     ``max_chain`` tensors, so short chains (a block's normalisation and
-    activation outputs, removed together) are offered and long ones are not.  *Do nothing* is
-    valid only when no other action is (the plan is already feasible, or
-    nothing can help).
+    activation outputs, removed together) are offered and long ones are not.
+    *Do nothing* is valid only when no other action is (the plan is already
+    feasible, or nothing can help).
     ``info["action_mask"]`` and :meth:`action_masks` give the valid actions.
     An invalid action changes nothing and costs ``invalid_penalty``; it never
     raises.
@@ -153,8 +152,8 @@ class SwapRecomputeEnv(gym.Env):
     request order, as the simulator runs them).  Negative: the copy cannot free its
     bytes in time, so the op waits for it.  Without it an agent cannot see a
     swap's cost rise with the swaps already chosen; agents trained before it read
-    columns 0-10 only (:data:`~dqn_swap.env.candidates.N_FEATURES_BEFORE_SLACK`).  Edge lags use the time
-    transform.  The static structure never changes during an episode: the fast
+    columns 0-10 only (:data:`~dqn_swap.env.candidates.N_FEATURES_BEFORE_SLACK`).
+    Edge lags use the time transform.  The static structure never changes during an episode: the fast
     path for learners is :attr:`graph` (an :class:`~dqn_swap.env.candidates.ActionGraph`,
     built once per trace) plus :meth:`state` (a :class:`DynamicState`).
 
@@ -386,7 +385,8 @@ class SwapRecomputeEnv(gym.Env):
             return
         t_e = self._event_time[nodes]
         done = t_e + self._node_d2h[nodes]  # when each copy would end on an idle engine
-        chosen = np.asarray([n for n in self._nodes if self._is_swap[n]], dtype=np.int64)
+        taken = np.asarray(self._nodes, dtype=np.int64)
+        chosen = taken[self._is_swap[taken]]
         if len(chosen):
             # the engine's queue of the plan's copies, in request order: end_i = max(t_i, end_{i-1}) + d_i
             order = np.argsort(self._event_time[chosen], kind="stable")
