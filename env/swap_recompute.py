@@ -27,7 +27,7 @@ class DynamicState:
     ``valid`` (bool per node), ``current`` (node under execution), ``deficit``
     and ``limit`` (transformed scalars), ``time_to_violation`` and
     ``swap_slack`` (float per node, zero where not valid; ``swap_slack`` also
-    zero on recompute nodes, and None in states kept from before it existed)
+    zero on recompute nodes, and None where the environment does not compute it)
     and ``chosen`` (bool per node: its action is in the plan) are all the
     observation adds to the static :class:`~dqn_swap.env.candidates.ActionGraph`.
     """
@@ -211,6 +211,8 @@ class SwapRecomputeEnv(gym.Env):
     and limit), ``action_graph`` (reuse the static graph of this trace),
     ``recompute_chains`` (True: any valid recompute; False: no chains, above),
     ``max_chain`` (with chains off, the largest group of linked removals, above),
+    ``swap_slack`` (False: column 11 stays 0, for agents that do not read it; it
+    costs a tenth to a quarter of a step),
     ``reward`` (``"whole"`` or ``"accrued"``, above).
 
     ``gymnasium.make("dqn_swap/SwapRecompute-v0", trace=..., memory_limit=...)``
@@ -228,7 +230,8 @@ class SwapRecomputeEnv(gym.Env):
                  *, graph: str = "candidates", infeasible_penalty: float = 1.0, invalid_penalty: float = 0.1,
                  max_episode_steps: int | None = None, simulator: Any = None,
                  action_graph: ActionGraph | None = None, recompute_chains: bool = True,
-                 max_chain: int = 1, reward: str = "whole", render_mode: str | None = None) -> None:
+                 max_chain: int = 1, swap_slack: bool = True, reward: str = "whole",
+                 render_mode: str | None = None) -> None:
         from dqn_swap.simulator import Simulator
 
         if isinstance(trace, (str, os.PathLike)):
@@ -263,6 +266,7 @@ class SwapRecomputeEnv(gym.Env):
         if isinstance(max_chain, bool) or int(max_chain) != max_chain or max_chain < 1:
             raise ValueError(f"max_chain must be a whole number of at least 1, not {max_chain!r}")
         self.max_chain = int(max_chain)
+        self.swap_slack = bool(swap_slack)
         self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
         # per node, the action as the simulator's arrays (Simulator.run_summary: no Action objects per step)
         self._node_event = g.event.astype(np.int64)
@@ -302,10 +306,11 @@ class SwapRecomputeEnv(gym.Env):
         self._avail = self._node_acts.copy()
         self._chosen = np.zeros(self.graph.n_nodes, dtype=bool)
         self._chain_blocked = np.zeros(self.graph.n_nodes, dtype=bool)
-        # chains off with max_chain > 1: per chosen recompute node its group (a node of it), -1 else;
-        # per group node, the group's size
-        self._group = np.full(self.graph.n_nodes, -1, dtype=np.int64)
-        self._group_size = np.zeros(self.graph.n_nodes, dtype=np.int64)
+        # chains off with max_chain > 1 (else None): per chosen recompute node its group (a node of
+        # it), -1 else; per group node, the group's size
+        grouped = self._chain_links is not None and self.max_chain > 1
+        self._group = np.full(self.graph.n_nodes, -1, dtype=np.int64) if grouped else None
+        self._group_size = np.zeros(self.graph.n_nodes, dtype=np.int64) if grouped else None
         self._overhead = 0.0
         self._penalty = 0.0
         self._steps = 0
@@ -366,7 +371,8 @@ class SwapRecomputeEnv(gym.Env):
         self._cur, self._n_tv = cur, k
         if k:
             x[self._tv_nodes[:k], F_TVIOL] = np.log1p(self._tv_arg[:k])
-        self._update_slack()
+        if self.swap_slack:
+            self._update_slack()
         deficit = float(np.log1p(self._deficit / g.size_scale))
         if deficit != self._deficit_feature:
             x[:, F_DEFICIT] = deficit
@@ -407,7 +413,8 @@ class SwapRecomputeEnv(gym.Env):
         """The dynamic part of the observation (fast path for learners)."""
         return DynamicState(valid=self._valid.copy(), current=self._cur, limit=self._limit_feature,
                             deficit=self._deficit_feature, time_to_violation=self._x[:, F_TVIOL].copy(),
-                            chosen=self._chosen.copy(), swap_slack=self._x[:, F_SLACK].copy())
+                            chosen=self._chosen.copy(),
+                            swap_slack=self._x[:, F_SLACK].copy() if self.swap_slack else None)
 
     def node_features(self, st: DynamicState | None = None) -> np.ndarray:
         st = st or self.state()

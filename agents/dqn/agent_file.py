@@ -144,7 +144,8 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNC
             sources = [str(x) for x in obj.get("sources", [f"agent {i}" for i in range(len(members))])]
             _check_environments([c for _, c in loaded], [f"{path}: {s}" for s in sources])
             training = ensemble_training(members, sources)
-            return QEnsemble([n for n, _ in loaded]).eval(), loaded[0][1], {**obj, "training": training}
+            return (QEnsemble([n for n, _ in loaded]).eval(), _ensemble_config([c for _, c in loaded]),
+                    {**obj, "training": training})
         net, config = _network(obj)
     except AgentFileError:
         raise
@@ -155,7 +156,7 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNC
 
 
 def load_ensemble(paths: "list[str | os.PathLike[str]]") -> tuple[QEnsemble, DQNConfig, list[dict[str, Any]]]:
-    """``(the mean of the agents' Q-values, the first agent's config, the files' dicts)`` for two or
+    """``(the mean of the agents' Q-values, the config it plans with, the files' dicts)`` for two or
     more agent files (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`); raises
     :class:`AgentFileError` naming the file when one does not load, is itself an ensemble, or plans
     in another environment than the first (a field of :data:`ENVIRONMENT_FIELDS` differs)."""
@@ -170,7 +171,13 @@ def load_ensemble(paths: "list[str | os.PathLike[str]]") -> tuple[QEnsemble, DQN
         configs.append(c)
         objs.append(obj)
     _check_environments(configs, [str(p) for p in paths])
-    return QEnsemble(nets).eval(), configs[0], objs
+    return QEnsemble(nets).eval(), _ensemble_config(configs), objs
+
+
+def _ensemble_config(configs: list[DQNConfig]) -> DQNConfig:
+    """The config an ensemble plans with: the first agent's, with the observation's ``swap_slack``
+    column computed when any member reads it."""
+    return configs[0].replace(swap_slack=any(c.swap_slack for c in configs))
 
 
 def save_ensemble(path: str | os.PathLike[str], agents: "list[str | os.PathLike[str]]", *,

@@ -152,8 +152,7 @@ class DQNConfig:
 
 #: What agents saved before a setting existed were trained and run with.
 BEFORE_KEYS: dict[str, Any] = {"recompute_chains": True, "max_chain": 1, "swap_slack": False, "reward": "accrued",
-                               "aggr": "sum",
-                               "head_features": False}
+                               "aggr": "sum", "head_features": False}
 
 
 # What each setting may be: (type, low, high) for numbers (inclusive; None: unbounded), or the choices.

@@ -92,7 +92,7 @@ def make_env(trace: Trace, memory_limit: LimitSpec, profile: str | DeviceProfile
                             infeasible_penalty=config.infeasible_penalty,
                             invalid_penalty=config.invalid_penalty,
                             recompute_chains=config.recompute_chains, max_chain=config.max_chain,
-                            reward=config.reward, **kwargs)
+                            swap_slack=config.swap_slack, reward=config.reward, **kwargs)
 
 
 @torch.no_grad()
