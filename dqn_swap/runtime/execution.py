@@ -294,6 +294,9 @@ class _Iteration:
         self.pending_borrowed: list[tuple[SwapGroup, int]] = []  # swapped inputs not emptied yet
         self.emptied_before = rt.swapper.emptied_borrowed
         self.module_done_hook: Any = None  # while some are pending: a module returned, so their ops ran
+        # removed tensors whose bytes the simulation frees when their holder outside autograd lets go
+        # (PlanIndex.held_removed): (that op, their storage, their swap group, None if recomputed)
+        self.held_removed: list[tuple[int, StorageWeakRef, SwapGroup | None]] = []
         self.fsdp_first_gather: _FsdpFirstGather | None = None  # FSDP2 makes its gather storages (a first step)
 
     def module_call(self, module: torch.nn.Module, args: Any) -> None:
@@ -516,6 +519,7 @@ class _Iteration:
                             "freed (not resizable: made from a NumPy array or shared memory?); pass a copy "
                             "that owns its memory, e.g. batch.clone()")
                     self.swapper.swap_out(group, storage, borrowed=borrowed)
+                    self.watch_holder(tid, storage, group)
                     self.stats.swapped += 1
                     if tid in self.late_releases and self.wait_copy_out(group):
                         self.stats.released_after_copy += self.swapper.poll()
@@ -536,6 +540,7 @@ class _Iteration:
                 rgroup = self.rec_groups.get(tid)
                 if rgroup is None:
                     rgroup = self.rec_groups[tid] = _RecomputeGroup(tid)
+                    self.watch_holder(tid, storage, None)
                     self.stats.recompute_removed += 1
                     self.stats.recompute_removed_bytes += nbytes
                     if rt.track_storages:
@@ -564,6 +569,32 @@ class _Iteration:
             self.end_of_forward()
         return packed
 
+    def watch_holder(self, tid: int, storage: torch.UntypedStorage, group: SwapGroup | None) -> None:
+        held = self.index.held_removed.get(tid)
+        if held is not None and not self.forward_done:
+            self.held_removed.append((held, StorageWeakRef(storage), group))
+
+    def held_by_caller(self) -> bool:
+        """Whether a removed tensor whose bytes the simulation counts free by now (its holder outside
+        autograd let go at the end of an op before :attr:`position`) is still alive.
+
+        The trace knows the op at whose end the holder lets go (``Trace.held_op``), not where among
+        that op's packs: an autograd node saves the outputs of the op it wraps before the model's
+        code goes on, so a pack counted at the next op (the prefetches it starts beside that op's
+        memory) can come before the release.  A ViT's embedding output, which its model holds until
+        the final layer norm has run, is let go after that norm's node saved its outputs.  A prefetch
+        then waits for the next point of control, as it would wait for room on a device."""
+        pending = False
+        keep = []
+        for held, ref, group in self.held_removed:
+            if ref.expired() or (group is not None and (group.emptied or group.borrowed is not None)):
+                continue  # gone, or its bytes are the swapper's to free (an input, emptied when due)
+            keep.append((held, ref, group))
+            if held < self.position and (group is None or group.source is None):
+                pending = True  # (a copy out still in flight: the simulator waits for it too)
+        self.held_removed = keep
+        return pending
+
     def end_of_forward(self) -> None:
         """Every saved tensor is packed: nothing more to record; prefetches due now start."""
         if self.forward_done:
@@ -585,6 +616,9 @@ class _Iteration:
         while self.prefetch_ptr < len(queue):
             tid, op = queue[self.prefetch_ptr]
             if op > self.position:
+                break
+            if self.held_removed and not self.forward_done and self.held_by_caller():
+                self.stats.deferred_prefetches += 1
                 break
             groups = [g for g in self.groups_by_tid.get(tid, ()) if g.remaining > 0 and g.dev is None]
             if any(g.source is not None for g in groups):

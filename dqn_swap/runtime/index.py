@@ -101,6 +101,11 @@ class PlanIndex:
     release_tids: list[int] = field(default_factory=list)
     pack_horizon: list[int] = field(default_factory=list)
     unpack_horizon: list[int] = field(default_factory=list)
+    # Removed tensors (swapped or recomputed) that something outside autograd holds at least until the
+    # op of their action (Trace.held_op): tensor id -> the op at whose end the simulation counts their
+    # bytes free because that holder lets go then (a model's forward keeping its embedding output to
+    # the end, say).  The runtime sees the holder let go, not the op: see _Iteration.held_by_caller.
+    held_removed: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_saved(self) -> int:
@@ -263,13 +268,16 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
     fwd_write = (trace.event_kind == EventKind.WRITE) & (trace.op_phase[trace.event_op] == Phase.FORWARD)
     written = trace.event_tensor[fwd_write]
     written_persistent = frozenset(int(t) for t in np.unique(written) if trace.tensor_alloc_op[t] < 0)
+    held_op = trace.held_op
+    held_removed = {int(a.tensor): int(held_op[a.tensor]) for a in plan.actions
+                    if held_op[a.tensor] >= trace.event_op[a.event]}
     return PlanIndex(trace=trace, plan=plan, swap=frozenset(swap), recompute=frozenset(recompute),
                      saved_tids=saved, saved_sizes=sizes, pack_flags=flags, pack_position=position,
                      first_backward_read=first, unpack_position=reads_at.tolist(), first_backward_op=b0, prefetch=tuple(sched.prefetch),
                      sequences=tuple(sequences), sequence_of=sequence_of, hold_inputs=hold,
                      record_ops=frozenset(record),
                      forward_ops=forward_ops, windows=windows, written_in_forward=written_persistent,
-                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes))
+                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes), held_removed=held_removed)
 
 
 def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
