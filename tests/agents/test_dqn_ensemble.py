@@ -166,3 +166,29 @@ def test_agents_with_and_without_swap_slack_read_their_own_columns(tmp_path, tin
         mean = q_values(four, batcher, [(key, st)])[0]
         alone = torch.stack([q_values(m, batcher, [(key, st)])[0] for m in four.members]).mean(0)
     assert torch.allclose(mean, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_members_decoding_keeps_the_best_simulated_plan_of_the_mean_and_every_member(tmp_path, tiny_resnet_trace):
+    """``members=True``: the mean's plan and each member's own (each as that agent plans alone), and
+    the one of least simulated overhead that fits is returned; ties keep the mean's."""
+    from dqn_swap.limits import resolve_limit
+    from dqn_swap.simulator import simulate
+
+    paths = [agent(tmp_path, f"a{i}.pt", i) for i in range(3)]
+    limit = resolve_limit(tiny_resnet_trace, "40%")
+    mean = DQNPlanner(paths, threads=1).plan(tiny_resnet_trace, limit)
+    alone = [DQNPlanner(p, threads=1).plan(tiny_resnet_trace, limit) for p in paths]
+    plan = DQNPlanner(paths, threads=1, members=True).plan(tiny_resnet_trace, limit)
+    candidates = [mean, *alone]
+    costs = [(not p.figures["feasible"], p.figures["overhead"] if p.figures["feasible"] else np.inf)
+             for p in candidates]
+    best = min(range(len(candidates)), key=lambda i: costs[i])  # the first of the least
+    assert plan.actions == candidates[best].actions and plan.figures == candidates[best].figures
+    assert plan.settings["decoded_by"] == ("mean" if best == 0 else best - 1)
+    assert plan.settings["members"] == 3
+    assert plan.settings["member_overheads"] == [round(p.figures["overhead"], 6) if p.figures["feasible"] else None
+                                                 for p in candidates]
+    assert simulate(tiny_resnet_trace, plan).makespan == pytest.approx(plan.figures["makespan"])
+    assert best != 0  # (with these seeds a member's plan beats the mean's: the choice is exercised)
+    with pytest.raises(ValueError, match="ensemble"):
+        DQNPlanner(paths[0], members=True)
