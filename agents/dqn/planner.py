@@ -362,7 +362,8 @@ class DQNPlanner:
         self.polish_seconds = polish_seconds
         self.members = bool(members)
         if self.members and not isinstance(self.net, QEnsemble):
-            raise ValueError(f"members=True needs an ensemble of agents; {self.agent_path} is one agent")
+            raise ValueError(f"decoding by members needs an ensemble (an ensemble file such as checkpoints/ensemble.pt, "
+                             f"or two or more agent files); {self.agent_path} is one agent")
 
     def _settings(self, **extra: Any) -> dict[str, Any]:
         agent = [str(p) for p in self.agent_path] if isinstance(self.agent_path, list) else str(self.agent_path)

@@ -31,6 +31,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "cover (the best actions until the bytes missing are covered, then look again; "
                         f"several times faster on large graphs) or auto (cover from {AUTO_COVER_NODES} "
                         "action nodes up, else greedy; the default)")
+    p.add_argument("--members", action="store_true",
+                   help="--planner dqn with an ensemble agent file (checkpoints/ensemble.pt): also plan with "
+                        "each of its agents alone and keep the plan the simulator finds fastest (one pass "
+                        "per agent, no search)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
     p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
@@ -66,13 +70,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None,
-                     search_simulations: int | None = None, search_seconds: float | None = None) -> dict:
-    """The command line's settings for ``planner_name``: decoding for dqn; the local search's budget
+                     search_simulations: int | None = None, search_seconds: float | None = None,
+                     members: bool = False) -> dict:
+    """The command line's settings for ``planner_name``: decoding (and ``members``) for dqn; the local search's budget
     in simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
     default) for dqn-search; the time limit for optimal.  Progress is not a setting: the commands
     switch it on for every planner (:func:`.common.showing_progress`)."""
     if planner_name == "dqn":
-        return {"decode": decode}
+        return {"decode": decode} | ({"members": True} if members else {})
     if planner_name == "dqn-search":
         return ({} if search_simulations is None else {"polish": search_simulations > 0,
                                                        "polish_simulations": search_simulations}) | (
@@ -93,7 +98,7 @@ def certified(plan) -> dict:  # noqa: ANN001
 
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
               decode: str = "auto", time_limit: float | None = None, search_simulations: int | None = None,
-              search_seconds: float | None = None):
+              search_seconds: float | None = None, members: bool = False):
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from dqn_swap.agents import get_planner
 
@@ -107,7 +112,7 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     profile = profile_of(trace, profile_name)
     planner = get_planner(planner_name, agent=agent,
                           **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations,
-                                             search_seconds=search_seconds))
+                                             search_seconds=search_seconds, members=members))
     t0 = time.perf_counter()
     with showing_progress():
         plan = planner.plan(trace, limit, profile)
@@ -149,7 +154,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
                                               args.decode, args.time_limit, args.search_simulations,
-                                              args.search_seconds)
+                                              args.search_seconds, args.members)
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
     figures = {"planner": plan.planner, "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
@@ -181,7 +186,7 @@ def run_plan(args: argparse.Namespace) -> int:
     out = check_output(Path(args.output), args.force)
     trace = load_trace(args.trace)
     plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode,
-                                    args.time_limit, args.search_simulations, args.search_seconds)
+                                    args.time_limit, args.search_simulations, args.search_seconds, args.members)
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)

@@ -124,6 +124,19 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
     assert code in (0, 1), err
     assert json.loads(out)["planner"] == "dqn"
 
+    # --members: an ensemble file plans with its mean and each agent, and keeps the fastest plan
+    ens = Path(__file__).resolve().parents[2] / "checkpoints" / "ensemble.pt"
+    members_plan = folder / "members-plan.json"
+    code, out, err = run(["plan", str(mlp), "-m", "50%", "--agent", str(ens), "--members", "-o", str(members_plan),
+                          "--json"], capsys)
+    assert code == 0, err
+    plan = Plan.load(members_plan, trace)
+    assert plan.settings["members"] == 10 and len(plan.settings["member_overheads"]) == 11
+    fitting = [o for o in plan.settings["member_overheads"] if o is not None]
+    assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
+    code, out, err = run(["simulate", str(mlp), "-m", "50%", "--agent", str(path), "--members"], capsys)
+    one_line_error(code, err, "needs an ensemble", str(path))
+
 
 def test_train_refuses_to_overwrite(agent, mlp, capsys):
     path, _ = agent
