@@ -13,11 +13,14 @@
 # graph (graph=dataflow: a removal joined to the inputs it re-runs); then the chains arm trained
 # longer, on two and four networks a family, and TD learning with it.  The groups3 arm offers
 # removals in groups of up to three linked tensors (max_chain=3, chains otherwise off), four seeds;
-# the slack arm reads the observation's swap_slack column (swap_slack=True), six seeds.  The agents
+# the slack arm reads the observation's swap_slack column (swap_slack=True), six seeds; the g3slack arm
+# does both, four seeds.  The agents
 # are then planned, alone and in one pass, on two networks of each validation family at four limits
 # (40 cells), beside the shipped agent, and on the test families' 56 cells against the best plans
 # known.  The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble); the six
-# seeds of the 24k arm and the first four of the slack arm together are checkpoints/ensemble.pt:
+# seeds of the 24k arm and the first four of the slack arm together are checkpoints/ensemble.pt.  The
+# members: arms decode an ensemble by members (the mean's plan and each agent's own, the fastest
+# simulated kept; DQNPlanner's members=True, dqn-swap plan --members):
 #
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
@@ -76,6 +79,10 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
     "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set swap_slack=True --steps 24000 --seed $seed \
         -o "$out/slack_24k_s$seed.pt"
   done
+  for seed in 0 1 2 3; do  # both: removals in groups of up to three, and the swap_slack column
+    "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set swap_slack=True --set max_chain=3 --steps 24000 \
+        --seed $seed -o "$out/g3slack_24k_s$seed.pt"
+  done
 }
 arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
       expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"
@@ -100,12 +107,20 @@ arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert=
       slack-s3="$out/slack_24k_s3.pt" slack-s4="$out/slack_24k_s4.pt" slack-s5="$out/slack_24k_s5.pt"
       ensemble-slack-6seeds="$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt+$out/slack_24k_s4.pt+$out/slack_24k_s5.pt"
       ensemble-24k-6seeds+slack-4seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt+$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt"
-      ensemble-24k-6seeds+slack-6seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt+$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt+$out/slack_24k_s4.pt+$out/slack_24k_s5.pt")
+      ensemble-24k-6seeds+slack-6seeds="$out/expert_24k.pt+$out/expert_24k_s1.pt+$out/expert_24k_s2.pt+$out/expert_24k_s3.pt+$out/expert_24k_s4.pt+$out/expert_24k_s5.pt+$out/slack_24k_s0.pt+$out/slack_24k_s1.pt+$out/slack_24k_s2.pt+$out/slack_24k_s3.pt+$out/slack_24k_s4.pt+$out/slack_24k_s5.pt"
+      g3slack-s0="$out/g3slack_24k_s0.pt" g3slack-s1="$out/g3slack_24k_s1.pt" g3slack-s2="$out/g3slack_24k_s2.pt"
+      g3slack-s3="$out/g3slack_24k_s3.pt"
+      ensemble-g3slack-4seeds="$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
+      ensemble-groups3+g3slack="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt+$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
+      members:shipped=checkpoints/ensemble.pt
+      members:ensemble-g3slack-4seeds="$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
+      members:ensemble-groups3+g3slack="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt+$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt")
+members=(members:shipped members:ensemble-g3slack-4seeds members:ensemble-groups3+g3slack)
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
-    --reuse benchmarks/results/generalization_validation_ablation.json \
+    --members "${members[@]}" --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \
     --md benchmarks/results/generalization_validation_ablation.md
 "$PY" benchmarks/bench_generalization.py --split test --per-family 2 --agents "${arms[@]}" \
-    --reuse benchmarks/results/generalization_test.json --best-known benchmarks/results/best_known.json --keep-table \
+    --members "${members[@]}" --reuse benchmarks/results/generalization_test.json --best-known benchmarks/results/best_known.json --keep-table \
     --json benchmarks/results/generalization_test_ablation.json \
     --md benchmarks/results/generalization_test_ablation.md

@@ -439,7 +439,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         agent = agent_files(source)
         suffix = f"[{label}]" if label else ""
         for kind in ("dqn", *(["dqn-search"] if args.search else [])):
-            s = search if kind == "dqn-search" else ({"members": True} if args.members else {})
+            by_members = args.members is not None and (not args.members or label in args.members)
+            s = search if kind == "dqn-search" else ({"members": True} if by_members else {})
             planners[kind + suffix] = get_planner(kind, agent=agent, threads=1, **s)
             settings[kind + suffix] = {"planner": kind, "agent": str(source), **s}
             agents.append(kind + suffix)
@@ -644,9 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", nargs="+", metavar="LABEL=PATH",
                    help="compare several agents on the same cells (an ablation) instead of --agent")
     p.add_argument("--search", action="store_true", help="also plan with dqn-search")
-    p.add_argument("--members", action="store_true",
-                   help="the dqn planners of ensembles also decode with each member and keep the best plan "
-                        "(DQNPlanner's members=True)")
+    p.add_argument("--members", nargs="*", metavar="LABEL",
+                   help="these --agents arms (none named: every arm; each must be an ensemble) also decode with "
+                        "each member and keep the best plan (DQNPlanner's members=True)")
     p.add_argument("--search-k", type=int, default=4, help="dqn-search's width: actions tried per decision point")
     p.add_argument("--tolerance", type=float, default=1e-3)
     p.add_argument("--polish-control", action="store_true",
