@@ -105,7 +105,8 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
         for frac in LIMITS:
             agent = grid_agent(agents_dir, model, frac) or args.default_agent
             agent = agent_files(agent) if isinstance(agent, str) else agent
-            dqn = DQNPlanner(agent, decode=args.decode, **({"members": True} if args.members else {}))
+            dqn = DQNPlanner(agent, decode=args.decode,
+                             **({"members": True, "more_agents": args.members} if args.members is not None else {}))
             search = DQNSearchPlanner(agent) if args.search else None
             limit = pct(frac).resolve(trace)
             cell: dict[str, Any] = {"model": model, "limit": frac, "limit_bytes": limit, "agent": dqn._settings()["agent"]}
@@ -418,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="decodings of the dqn planner to time, in turn at each limit")
     p = sub.add_parser("grid"); p.add_argument("--agents"); p.add_argument("--search", action="store_true")
     p.add_argument("--decode", default="auto", choices=DECODINGS, help="how the dqn planner decodes Q-values")
-    p.add_argument("--members", action="store_true",
-                   help="an ensemble's dqn planner also decodes with each member and keeps the best plan")
+    p.add_argument("--members", nargs="*", metavar="AGENT_FILE",
+                   help="an ensemble's dqn planner also decodes with each member, and with these agent files in "
+                        "their own environments, and keeps the best plan")
     p.add_argument("--default-agent", help="agent for cells without one in --agents (default checkpoints/default.pt; "
                    "PATH+PATH...: the ensemble of those agents)")
     p.add_argument("--fresh", action="store_true", help="re-run the baselines instead of using runs/baselines_cache.json")

@@ -374,13 +374,17 @@ def trained_families(path: str | Path) -> dict[str, Any]:
     training environment is named ``MODEL@LIMIT`` and the model's family is
     :func:`dqn_swap.models.generator.family_of`'s (generated networks and zoo networks alike).
     ``unknown``: the models whose family cannot be told (a trace without a model name is named by
-    its fingerprint; a network of no family).  ``PATH+PATH...`` (an ensemble): every member's."""
+    its fingerprint; a network of no family).  ``PATH+PATH...`` (an ensemble) and ``PATH|PATH...`` (agent
+    files decoded by members): every agent's."""
     from dqn_swap.agents.dqn.agent_file import load_agent
     from dqn_swap.models.generator import family_of
 
     envs = []
-    members = agent_files(path)
-    for member in members if isinstance(members, list) else [members]:
+    members: list[str] = []
+    for part in str(path).split("|"):  # an arm decoded by members may add agent files after '|'
+        files = agent_files(part)
+        members += files if isinstance(files, list) else [files]
+    for member in members:
         _, _, obj = load_agent(member)
         envs += list(obj.get("training", {}).get("environments", []))
     families: set[str] = set()
@@ -436,11 +440,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sources = {"": args.agent}
     agents = []
     for label, source in sources.items():
+        source, *more = source.split("|")  # decoding by members: more agent files, in their own environments
         agent = agent_files(source)
         suffix = f"[{label}]" if label else ""
         for kind in ("dqn", *(["dqn-search"] if args.search else [])):
             by_members = args.members is not None and (not args.members or label in args.members)
             s = search if kind == "dqn-search" else ({"members": True} if by_members else {})
+            if by_members and more:
+                s = s | {"more_agents": more}
             planners[kind + suffix] = get_planner(kind, agent=agent, threads=1, **s)
             settings[kind + suffix] = {"planner": kind, "agent": str(source), **s}
             agents.append(kind + suffix)
@@ -647,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--search", action="store_true", help="also plan with dqn-search")
     p.add_argument("--members", nargs="*", metavar="LABEL",
                    help="these --agents arms (none named: every arm; each must be an ensemble) also decode with "
-                        "each member and keep the best plan (DQNPlanner's members=True)")
+                        "each member and keep the best plan (DQNPlanner's members=True); such an arm's PATH may "
+                        "add agent files after '|', decoded the same way in their own environments (more_agents)")
     p.add_argument("--search-k", type=int, default=4, help="dqn-search's width: actions tried per decision point")
     p.add_argument("--tolerance", type=float, default=1e-3)
     p.add_argument("--polish-control", action="store_true",

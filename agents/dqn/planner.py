@@ -331,7 +331,8 @@ class DQNPlanner:
     def __init__(self, agent_path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None, *,
                  threads: int | None = None, recompute_chains: bool | None = None, decode: str = "auto",
                  polish: bool | None = None, polish_simulations: int | None = None,
-                 polish_seconds: float | None = None, members: bool = False) -> None:
+                 polish_seconds: float | None = None, members: bool = False,
+                 more_agents: Sequence[str | os.PathLike[str]] = ()) -> None:
         """``agent_path``: an agent file (default the shipped agent), or a list of two or more that
         plan in the same environment: their ensemble, decoded by the mean of their Q-values
         (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`).
@@ -342,7 +343,9 @@ class DQNPlanner:
         seed disagree most where memory is tight (the shipped ten on a test squeeze-excitation CNN
         at 30 %: overheads from 0.075 to 0.528, their mean 0.288), and the mean of their Q-values
         does not pick the best of them; the simulator does, as it is the ruler of every plan.
-        Measured in docs/learning.md ("Ensembles")."""
+        ``more_agents`` (with ``members`` only): more agent or ensemble files, each decoded the same
+        way in its own environment (agents of another ``max_chain``, say, which no ensemble can
+        join), their plans in the running too.  Measured in docs/learning.md ("Ensembles")."""
         if decode not in DQN_DECODINGS:
             raise ValueError(f"unknown decoding {decode!r}; choose one of: {', '.join(DQN_DECODINGS)}")
         self.decode = decode
@@ -362,57 +365,91 @@ class DQNPlanner:
         self.polish_simulations = polish_simulations
         self.polish_seconds = polish_seconds
         self.members = bool(members)
-        if self.members and not isinstance(self.net, QEnsemble):
+        self.more_agents = [Path(p) for p in more_agents]
+        if self.more_agents and not self.members:
+            raise ValueError("more agent files are planned only when decoding by members (members=True, --members)")
+        if self.members and not isinstance(self.net, QEnsemble) and not self.more_agents:
             raise ValueError(f"decoding by members needs an ensemble (an ensemble file such as checkpoints/ensemble.pt, "
                              f"or two or more agent files); {self.agent_path} is one agent")
+        #: (label, network, config) of every agent file decoded by members: the first is agent_path
+        first = self._settings()["agent"]
+        self.portfolio: list[tuple[str, QNetwork | QEnsemble, DQNConfig]] = [
+            ("+".join(first) if isinstance(first, list) else first, self.net, self.config)]
+        for path in self.more_agents:
+            net, config, _ = load_agent(path)
+            if recompute_chains is not None:
+                config = config.replace(recompute_chains=bool(recompute_chains))
+            self.portfolio.append((str(path), net, config))
 
-    def _settings(self, **extra: Any) -> dict[str, Any]:
+    def _settings(self, config: DQNConfig | None = None, **extra: Any) -> dict[str, Any]:
         agent = [str(p) for p in self.agent_path] if isinstance(self.agent_path, list) else str(self.agent_path)
-        return {"agent": agent, "graph": self.config.graph,
-                "recompute_chains": self.config.recompute_chains,
-                **({"max_chain": self.config.max_chain} if self.config.max_chain != 1 else {}), **extra}
+        config = config or self.config
+        return {"agent": agent, "graph": config.graph,
+                "recompute_chains": config.recompute_chains,
+                **({"max_chain": config.max_chain} if config.max_chain != 1 else {}),
+                **({"more_agents": [str(p) for p in self.more_agents]} if self.more_agents else {}), **extra}
 
     #: Greedy decoding reads only observations, and those do not depend on how an
     #: unfinished plan is charged: the simulator may stop at the first excess (faster).
     decode_reward: str | None = "accrued"
 
-    def _env(self, trace: Trace, memory_limit: int, profile: Any) -> SwapRecomputeEnv:
+    def _env(self, trace: Trace, memory_limit: int, profile: Any, config: DQNConfig | None = None) -> SwapRecomputeEnv:
+        config = config or self.config
         if isinstance(profile, str) or profile is None or isinstance(profile, DeviceProfile):
-            config = self.config.replace(reward=self.decode_reward) if self.decode_reward else self.config
+            config = config.replace(reward=self.decode_reward) if self.decode_reward else config
             return make_env(trace, int(memory_limit), profile, config)
         raise TypeError(f"profile must be a name or a DeviceProfile, not {type(profile).__name__}")
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
         t0 = time.perf_counter()
-        env = self._env(trace, memory_limit, profile)
-        decode = self.decode
-        if decode == "auto":
-            decode = "cover" if len(env.graph.action_nodes) >= AUTO_COVER_NODES else "greedy"
-        episode = cover_episode if decode == "cover" else greedy_episode
-        batcher = GraphBatcher()
         with torch_threads(self.threads):
-            summary = episode(self.net, batcher, env)
-            plan = env.plan(self.name, self._settings(steps=summary["steps"], decode=decode))
             if self.members:
-                plan = self._best_of_members(env, episode, batcher, decode, plan)
+                env, plan = self._best_of_members(trace, memory_limit, profile)
+            else:
+                env = self._env(trace, memory_limit, profile)
+                decode, episode = self._decoding(env)
+                summary = episode(self.net, GraphBatcher(), env)
+                plan = env.plan(self.name, self._settings(steps=summary["steps"], decode=decode))
         plan = self._polished(env, plan)
         plan.settings["plan_seconds"] = round(time.perf_counter() - t0, 3)
         return plan
 
-    def _best_of_members(self, env: SwapRecomputeEnv, episode: Callable[..., dict[str, Any]],
-                         batcher: GraphBatcher, decode: str, mean_plan: Plan) -> Plan:
-        """``mean_plan`` or a member's own plan, whichever fits with the least simulated overhead
-        (``settings["decoded_by"]``: ``"mean"`` or the member's index)."""
-        best, by = mean_plan, "mean"
-        overheads = [mean_plan.figures.get("overhead") if mean_plan.figures.get("feasible") else None]
-        for i, member in enumerate(self.net.members):
-            summary = episode(member, batcher, env)
-            plan = env.plan(self.name, self._settings(steps=summary["steps"], decode=decode))
-            overheads.append(plan.figures.get("overhead") if plan.figures.get("feasible") else None)
-            if _plan_cost(plan) < _plan_cost(best):
-                best, by = plan, i
-        best.settings.update(members=len(self.net.members), decoded_by=by,
-                             member_overheads=[None if o is None else round(float(o), 6) for o in overheads])
+    def _decoding(self, env: SwapRecomputeEnv) -> tuple[str, Callable[..., dict[str, Any]]]:
+        decode = self.decode
+        if decode == "auto":
+            decode = "cover" if len(env.graph.action_nodes) >= AUTO_COVER_NODES else "greedy"
+        return decode, cover_episode if decode == "cover" else greedy_episode
+
+    def _best_of_members(self, trace: Trace, memory_limit: int, profile: Any) -> tuple[SwapRecomputeEnv, Plan]:
+        """Every agent file of :attr:`portfolio` decoded in its own environment, by its mean (an
+        ensemble) and by each of its members; the plan that fits with the least simulated overhead,
+        the earlier on a tie, and the environment that made it.  ``settings["decoded_by"]``: the
+        agent file and ``"mean"`` or the member's index; ``settings["member_overheads"]``: per agent
+        file, the overheads of the mean and of each member (None: did not fit)."""
+        best: tuple[SwapRecomputeEnv, Plan] | None = None
+        overheads: dict[str, list[float | None]] = {}
+        by: dict[str, Any] = {}
+        n_members = 0
+        for label, net, config in self.portfolio:
+            env = self._env(trace, memory_limit, profile, config)
+            decode, episode = self._decoding(env)
+            batcher = GraphBatcher()
+            nets: list[tuple[str | int, Any]] = [("mean" if isinstance(net, QEnsemble) else "agent", net)]
+            if isinstance(net, QEnsemble):
+                nets += list(enumerate(net.members))
+                n_members += len(net.members)
+            else:
+                n_members += 1
+            overheads[label] = []
+            for who, q in nets:
+                summary = episode(q, batcher, env)
+                plan = env.plan(self.name, self._settings(config, steps=summary["steps"], decode=decode))
+                overheads[label].append(round(float(plan.figures["overhead"]), 6) if plan.figures.get("feasible")
+                                        else None)
+                if best is None or _plan_cost(plan) < _plan_cost(best[1]):
+                    best, by = (env, plan), {"agent": label, "member": who}
+        assert best is not None
+        best[1].settings.update(members=n_members, decoded_by=by, member_overheads=overheads)
         return best
 
     def _polished(self, env: SwapRecomputeEnv, plan: Plan, show: Progress | None = None, label: str = "polishing",

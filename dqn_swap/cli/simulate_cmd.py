@@ -31,10 +31,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "cover (the best actions until the bytes missing are covered, then look again; "
                         f"several times faster on large graphs) or auto (cover from {AUTO_COVER_NODES} "
                         "action nodes up, else greedy; the default)")
-    p.add_argument("--members", action="store_true",
+    p.add_argument("--members", nargs="*", metavar="AGENT_FILE",
                    help="--planner dqn with an ensemble agent file (checkpoints/ensemble.pt): also plan with "
-                        "each of its agents alone and keep the plan the simulator finds fastest (one pass "
-                        "per agent, no search)")
+                        "each of its agents alone, and with these agent or ensemble files in their own "
+                        "environments (checkpoints/ensemble_groups.pt), and keep the plan the simulator "
+                        "finds fastest (one greedy pass per agent, no search)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
     p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
@@ -71,13 +72,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None,
                      search_simulations: int | None = None, search_seconds: float | None = None,
-                     members: bool = False) -> dict:
-    """The command line's settings for ``planner_name``: decoding (and ``members``) for dqn; the local search's budget
+                     members: list[str] | None = None) -> dict:
+    """The command line's settings for ``planner_name``: decoding (and ``members``: None, or the more agent files of decoding by members) for dqn; the local search's budget
     in simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
     default) for dqn-search; the time limit for optimal.  Progress is not a setting: the commands
     switch it on for every planner (:func:`.common.showing_progress`)."""
     if planner_name == "dqn":
-        return {"decode": decode} | ({"members": True} if members else {})
+        return {"decode": decode} | ({"members": True, "more_agents": members} if members is not None else {})
     if planner_name == "dqn-search":
         return ({} if search_simulations is None else {"polish": search_simulations > 0,
                                                        "polish_simulations": search_simulations}) | (
@@ -98,7 +99,7 @@ def certified(plan) -> dict:  # noqa: ANN001
 
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
               decode: str = "auto", time_limit: float | None = None, search_simulations: int | None = None,
-              search_seconds: float | None = None, members: bool = False):
+              search_seconds: float | None = None, members: list[str] | None = None):
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from dqn_swap.agents import get_planner
 

@@ -184,11 +184,37 @@ def test_members_decoding_keeps_the_best_simulated_plan_of_the_mean_and_every_me
              for p in candidates]
     best = min(range(len(candidates)), key=lambda i: costs[i])  # the first of the least
     assert plan.actions == candidates[best].actions and plan.figures == candidates[best].figures
-    assert plan.settings["decoded_by"] == ("mean" if best == 0 else best - 1)
+    label = "+".join(paths)
+    assert plan.settings["decoded_by"] == {"agent": label, "member": "mean" if best == 0 else best - 1}
     assert plan.settings["members"] == 3
-    assert plan.settings["member_overheads"] == [round(p.figures["overhead"], 6) if p.figures["feasible"] else None
-                                                 for p in candidates]
+    assert plan.settings["member_overheads"] == {label: [round(p.figures["overhead"], 6) if p.figures["feasible"]
+                                                         else None for p in candidates]}
     assert simulate(tiny_resnet_trace, plan).makespan == pytest.approx(plan.figures["makespan"])
     assert best != 0  # (with these seeds a member's plan beats the mean's: the choice is exercised)
     with pytest.raises(ValueError, match="ensemble"):
         DQNPlanner(paths[0], members=True)
+
+
+def test_more_agents_are_decoded_in_their_own_environments(tmp_path, tiny_resnet_trace):
+    """``more_agents``: agents no ensemble can join (another ``max_chain``) plan in their own
+    environment, and their plans are in the running: the result is the best of every agent's own
+    plan, with the environment's settings of the agent that made it."""
+    from dqn_swap.limits import resolve_limit
+
+    singles = [agent(tmp_path, "a0.pt", 0), agent(tmp_path, "a1.pt", 1)]
+    groups = agent(tmp_path, "g.pt", 2, max_chain=3)
+    limit = resolve_limit(tiny_resnet_trace, "40%")
+    own = [DQNPlanner(p, threads=1).plan(tiny_resnet_trace, limit) for p in (*singles, groups)]
+    mean = DQNPlanner(singles, threads=1).plan(tiny_resnet_trace, limit)
+    plan = DQNPlanner(singles, threads=1, members=True, more_agents=[groups]).plan(tiny_resnet_trace, limit)
+    candidates = [mean, *own]
+    cost = [(not p.figures["feasible"], p.figures["overhead"] if p.figures["feasible"] else np.inf) for p in candidates]
+    best = min(range(len(candidates)), key=lambda i: cost[i])
+    assert plan.actions == candidates[best].actions and plan.figures == candidates[best].figures
+    assert plan.settings.get("max_chain", 1) == candidates[best].settings.get("max_chain", 1)
+    assert list(plan.settings["member_overheads"]) == ["+".join(singles), groups]
+    assert plan.settings["member_overheads"][groups] == [round(own[2].figures["overhead"], 6)
+                                                         if own[2].figures["feasible"] else None]
+    assert plan.settings["more_agents"] == [groups] and plan.settings["members"] == 3
+    with pytest.raises(ValueError, match="decoding by members"):
+        DQNPlanner(singles[0], more_agents=[groups])

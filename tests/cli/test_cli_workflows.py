@@ -131,8 +131,19 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
                           "--json"], capsys)
     assert code == 0, err
     plan = Plan.load(members_plan, trace)
-    assert plan.settings["members"] == 10 and len(plan.settings["member_overheads"]) == 11
-    fitting = [o for o in plan.settings["member_overheads"] if o is not None]
+    overheads = plan.settings["member_overheads"]
+    assert plan.settings["members"] == 10 and list(overheads) == [str(ens)] and len(overheads[str(ens)]) == 11
+    fitting = [o for o in overheads[str(ens)] if o is not None]
+    assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
+    # and with more agent files, each in its own environment (the shipped groups ensemble: max_chain=3)
+    groups = ens.with_name("ensemble_groups.pt")
+    code, out, err = run(["plan", str(mlp), "-m", "50%", "--agent", str(ens), "--members", str(groups),
+                          "-o", str(members_plan), "--force", "--json"], capsys)
+    assert code == 0, err
+    plan = Plan.load(members_plan, trace)
+    overheads = plan.settings["member_overheads"]
+    assert plan.settings["members"] == 14 and list(overheads) == [str(ens), str(groups)]
+    fitting = [o for per_file in overheads.values() for o in per_file if o is not None]
     assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
     code, out, err = run(["simulate", str(mlp), "-m", "50%", "--agent", str(path), "--members"], capsys)
     one_line_error(code, err, "needs an ensemble", str(path))
