@@ -20,7 +20,8 @@
 # known.  The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble); the six
 # seeds of the 24k arm and the first four of the slack arm together are checkpoints/ensemble.pt.  The
 # members: arms decode an ensemble by members (the mean's plan and each agent's own, the fastest
-# simulated kept; DQNPlanner's members=True, dqn-swap plan --members):
+# simulated kept; DQNPlanner's members=True, dqn-swap plan --members); after '|', more agent files
+# decoded the same way in their own environments (checkpoints/ensemble_groups.pt: the g3slack seeds):
 #
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
@@ -113,9 +114,10 @@ arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert=
       ensemble-g3slack-4seeds="$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
       ensemble-groups3+g3slack="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt+$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
       members:shipped=checkpoints/ensemble.pt
+      "members:shipped+groups=checkpoints/ensemble.pt|checkpoints/ensemble_groups.pt"
       members:ensemble-g3slack-4seeds="$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
       members:ensemble-groups3+g3slack="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt+$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt")
-members=(members:shipped members:ensemble-g3slack-4seeds members:ensemble-groups3+g3slack)
+members=(members:shipped members:ensemble-g3slack-4seeds members:ensemble-groups3+g3slack "members:shipped+groups")
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
     --members "${members[@]}" --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \
