@@ -363,6 +363,8 @@ def memory(args: argparse.Namespace) -> int:
             for pct in args.limits.split(","):
                 limit = resolve_memory_limit(trace, pct)
                 agent = {"agent": args.agent} if args.agent and planner in ("dqn", "dqn-search") else {}
+                if args.members is not None and planner == "dqn":
+                    agent |= {"members": True, "more_agents": args.members}
                 plan = get_planner(planner, **agent).plan(trace, limit)
                 result = simulate(trace, plan)
                 if not plan.actions or not result.feasible:
@@ -518,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--planners", default="greedy,vdnn,lru,sqrt-n,window,tflms,layrub,dqn",
                    help="planners of dqn-swap run (the baselines, dqn, swap-all, recompute-all)")
     m.add_argument("--agent", help="agent file of the dqn planners (default: the shipped agent, checkpoints/default.pt)")
+    m.add_argument("--members", nargs="*", metavar="AGENT_FILE",
+                   help="the dqn planner decodes --agent (an ensemble) by members, with these agent files too")
     m.add_argument("--limits", default="70%,50%,30%")
     m.add_argument("--threads", type=int, default=1)
     m.add_argument("--late-copies", type=float, default=0.0, metavar="SECONDS",
