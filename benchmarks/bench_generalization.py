@@ -590,7 +590,8 @@ def ablation_markdown(result: dict[str, Any]) -> str:
     for a, s in result["summary"].items():
         label = a[a.index("[") + 1:-1]
         g = "-" if s["geomean_vs_best"] is None else f"{s['geomean_vs_best']:.4f}"
-        lines.append(f"| {a} | `{result['agents'][label]}` | {s['wins']} / {s['cells']} | {s['infeasible']} | {g} |")
+        source = str(result["agents"][label]).replace("|", "\\|")  # a pipe would end the table's cell
+        lines.append(f"| {a} | `{source}` | {s['wins']} / {s['cells']} | {s['infeasible']} | {g} |")
     if "scorecard" in result:
         lines += ["", *scorecard_markdown({a: result["scorecard"][a] for a in result["summary"]}), "",
                   *trained_lines(result)]

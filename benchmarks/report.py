@@ -47,6 +47,8 @@ CATALOG: tuple[Entry, ...] = (
           "(checkpoints/grid/), simulated overhead in 20 cells", "grid"),
     Entry("dqn_grid_ensemble_members", "The grid planned by checkpoints/ensemble.pt decoded by members (the mean's "
           "plan and each agent's own, the fastest simulated kept), against the best baseline (+0.001)"),
+    Entry("dqn_grid_ensemble_groups_members", "The same, with checkpoints/ensemble_groups.pt's plans in the running "
+          "(its mean and each agent's, in its own environment)"),
     Entry("dqn_grid_default_only_search_tol", "The grid planned by the shipped agent alone, greedy (dqn) and "
           "with lookahead and local search (dqn-search), against the best baseline (+0.001) and the "
           "certified bound", "search"),
@@ -108,6 +110,8 @@ CATALOG: tuple[Entry, ...] = (
     Entry("runtime_memory_cpu", "Planned training's measured CPU peak against the limit and the prediction, "
           "every planner on every model", "memory"),
     Entry("runtime_memory_cpu_ensemble", "The same measure for the plans of checkpoints/ensemble.pt, on every model"),
+    Entry("runtime_memory_cpu_ensemble_members", "The same measure for the plans of ensemble.pt decoded by members "
+          "with ensemble_groups.pt, on every model"),
     Entry("runtime_memory_late_copies", "The same cases on a stand-in device whose copies run late, against the "
           "simulated peak", "memory"),
     Entry("autoplan_overhead_cpu", "autoplan's step time against PlannedExecution and unplanned training",
