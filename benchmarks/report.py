@@ -45,6 +45,8 @@ class Entry:
 CATALOG: tuple[Entry, ...] = (
     Entry("dqn_grid", "Comparison grid: every baseline and the agent made for each network or cell "
           "(checkpoints/grid/), simulated overhead in 20 cells", "grid"),
+    Entry("dqn_grid_ensemble", "The grid planned by checkpoints/ensemble.pt alone, in one pass, against the best "
+          "baseline (+0.001) and the certified bound"),
     Entry("dqn_grid_ensemble_members", "The grid planned by checkpoints/ensemble.pt decoded by members (the mean's "
           "plan and each agent's own, the fastest simulated kept), against the best baseline (+0.001)"),
     Entry("dqn_grid_ensemble_groups_members", "The same, with checkpoints/ensemble_groups.pt's plans in the running "
