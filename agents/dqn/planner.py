@@ -337,9 +337,9 @@ class DQNPlanner:
         plan in the same environment: their ensemble, decoded by the mean of their Q-values
         (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`).
 
-        ``members`` (an ensemble only; ours): also decode with every member's own Q-values and keep
-        the plan of least simulated overhead that fits (the mean's on a tie): ``K + 1`` greedy
-        passes and as many simulations, no search over actions.  Members that differ only by their
+        ``members`` (an ensemble, or with ``more_agents``; ours): also decode with every member's own
+        Q-values and keep the plan of least simulated overhead that fits (the mean's on a tie):
+        ``K + 1`` greedy passes and as many simulations, no search over actions.  Members that differ only by their
         seed disagree most where memory is tight (the shipped ten on a test squeeze-excitation CNN
         at 30 %: overheads from 0.075 to 0.528, their mean 0.288), and the mean of their Q-values
         does not pick the best of them; the simulator does, as it is the ruler of every plan.
@@ -369,8 +369,8 @@ class DQNPlanner:
         if self.more_agents and not self.members:
             raise ValueError("more agent files are planned only when decoding by members (members=True, --members)")
         if self.members and not isinstance(self.net, QEnsemble) and not self.more_agents:
-            raise ValueError(f"decoding by members needs an ensemble (an ensemble file such as checkpoints/ensemble.pt, "
-                             f"or two or more agent files); {self.agent_path} is one agent")
+            raise ValueError(f"decoding by members needs an ensemble (an ensemble file such as "
+                             f"checkpoints/ensemble.pt, or two or more agent files); {self.agent_path} is one agent")
         #: (label, network, config) of every agent file decoded by members: the first is agent_path
         first = self._settings()["agent"]
         self.portfolio: list[tuple[str, QNetwork | QEnsemble, DQNConfig]] = [

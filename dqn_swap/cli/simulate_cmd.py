@@ -73,8 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None,
                      search_simulations: int | None = None, search_seconds: float | None = None,
                      members: list[str] | None = None) -> dict:
-    """The command line's settings for ``planner_name``: decoding (and ``members``: None, or the more agent files of decoding by members) for dqn; the local search's budget
-    in simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
+    """The command line's settings for ``planner_name``: decoding, and decoding by members
+    (``members``: None, or the more agent files to decode) for dqn; the local search's budget in
+    simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
     default) for dqn-search; the time limit for optimal.  Progress is not a setting: the commands
     switch it on for every planner (:func:`.common.showing_progress`)."""
     if planner_name == "dqn":
