@@ -103,9 +103,10 @@ def not_applicable(n_layers: int, splitting_points: int) -> str:
     if splitting_points >= needed:
         return ""
     return (f"not applicable: the forward graph has {splitting_points} splitting points among {n_layers} layers, "
-            f"fewer than the {needed} that sqrt(n) segments need (a recurrence: every time step reads the input "
-            "sequence and the state, so one segment spans it and re-creating it one op at a time costs re-runs "
-            "quadratic in its length)")
+            f"fewer than the {needed} that sqrt(n) segments need (tensors read across many layers, such as a "
+            "recurrence's input sequence and state or an encoder's output that every decoder layer reads, leave "
+            "few places to cut, and re-creating a long segment one op at a time costs re-runs quadratic in its "
+            "length)")
 
 
 def memonger_budgets(sizes: np.ndarray, split: np.ndarray, trials: int = 6, guesses: int = 3) -> list[float]:
