@@ -339,10 +339,11 @@ class DQNPlanner:
 
         ``members`` (an ensemble, or with ``more_agents``; ours): also decode with every member's own
         Q-values and keep the plan of least simulated overhead that fits (the mean's on a tie):
-        ``K + 1`` greedy passes and as many simulations, no search over actions.  Members that differ only by their
-        seed disagree most where memory is tight (the shipped ten on a test squeeze-excitation CNN
-        at 30 %: overheads from 0.075 to 0.528, their mean 0.288), and the mean of their Q-values
-        does not pick the best of them; the simulator does, as it is the ruler of every plan.
+        ``K + 1`` greedy passes and as many simulations, no search over actions.  Members that
+        differ only by their seed disagree most where memory is tight (the shipped ten on a test
+        squeeze-excitation CNN at 30 %: overheads from 0.075 to 0.528, their mean 0.288), and the
+        mean of their Q-values does not pick the best of them; the simulator does, as it is the
+        ruler of every plan.
         ``more_agents`` (with ``members`` only): more agent or ensemble files, each decoded the same
         way in its own environment (agents of another ``max_chain``, say, which no ensemble can
         join), their plans in the running too.  Measured in docs/learning.md ("Ensembles")."""
@@ -372,9 +373,8 @@ class DQNPlanner:
             raise ValueError(f"decoding by members needs an ensemble (an ensemble file such as "
                              f"checkpoints/ensemble.pt, or two or more agent files); {self.agent_path} is one agent")
         #: (label, network, config) of every agent file decoded by members: the first is agent_path
-        first = self._settings()["agent"]
-        self.portfolio: list[tuple[str, QNetwork | QEnsemble, DQNConfig]] = [
-            ("+".join(first) if isinstance(first, list) else first, self.net, self.config)]
+        first = "+".join(map(str, self.agent_path)) if isinstance(self.agent_path, list) else str(self.agent_path)
+        self.portfolio: list[tuple[str, QNetwork | QEnsemble, DQNConfig]] = [(first, self.net, self.config)]
         for path in self.more_agents:
             net, config, _ = load_agent(path)
             if recompute_chains is not None:
@@ -415,6 +415,7 @@ class DQNPlanner:
         return plan
 
     def _decoding(self, env: SwapRecomputeEnv) -> tuple[str, Callable[..., dict[str, Any]]]:
+        """The decoding for ``env`` (``auto`` resolved by the size of its graph) and its episode."""
         decode = self.decode
         if decode == "auto":
             decode = "cover" if len(env.graph.action_nodes) >= AUTO_COVER_NODES else "greedy"
@@ -518,9 +519,7 @@ class DQNSearchPlanner(DQNPlanner):
 
         batcher = GraphBatcher()
         env = self._env(trace, memory_limit, profile)
-        decode = self.decode
-        if decode == "auto":
-            decode = "cover" if len(env.graph.action_nodes) >= AUTO_COVER_NODES else "greedy"
+        decode, _ = self._decoding(env)
         with progress(self.name) as show, torch_threads(self.threads):
             def looked(steps: int) -> bool:
                 show(lambda: f"lookahead, {steps:,} actions, decision op {env.decision_op:,} of {trace.n_ops:,}")
