@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from dqn_swap import checkpoints as shipped
 from dqn_swap.files import not_a_regular_file, write_atomically
 
 from .config import DQNConfig
@@ -74,7 +75,7 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise AgentFileError(f"{path}: no such file") from None
+        raise AgentFileError(f"{path}: no such file (shipped agents: {', '.join(shipped.names())})") from None
     except IsADirectoryError:
         raise AgentFileError(f"{path}: is a directory, not an agent file") from None
     except PermissionError:
@@ -127,13 +128,26 @@ def ensemble_training(members: list[dict[str, Any]], sources: list[str]) -> dict
             "members": [dict(m.get("training", {})) for m in members], "sources": sources}
 
 
+def agent_location(spec: str | os.PathLike[str]) -> Path:
+    """Where the agent ``spec`` names is: the file ``spec`` if anything exists there, else the
+    shipped agent it names (:func:`dqn_swap.checkpoints.find`), else ``spec`` itself (whose loading
+    then says there is no such file and which agents are shipped)."""
+    path = Path(spec)
+    if os.path.lexists(path):
+        return path
+    return shipped.find(str(spec)) or path
+
+
 def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNConfig, dict[str, Any]]:
     """``(network, config, the file's dict)``; raises :class:`AgentFileError`.
 
     For an ensemble file, the network is the :class:`~dqn_swap.agents.dqn.policy.QEnsemble` of its
     agents, the config the first agent's, and the dict's ``training`` holds the members' training
-    environments together (``environments``) and each member's record (``members``)."""
-    path = Path(path)
+    environments together (``environments``) and each member's record (``members``).
+
+    ``path`` may also name a shipped agent (``ensemble``, ``checkpoints/ensemble.pt``) where no
+    file of that name exists (:func:`agent_location`)."""
+    path = agent_location(path)
     obj = _load_raw(path, (FORMAT, ENSEMBLE_FORMAT))
     try:
         if obj["format"] == ENSEMBLE_FORMAT:

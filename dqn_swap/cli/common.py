@@ -82,6 +82,11 @@ SEARCH_SIMULATIONS_HELP = (
     "0: no local search)")
 
 
+#: What --agent (and finetune's --from) accepts: shared by every command that reads an agent.
+AGENT_HELP = ("agent file, or a shipped agent by name from any folder: default, ensemble (ten agents, "
+              "by the mean of their Q-values), ensemble_groups, grid/... (checkpoints/README.md says what "
+              "each is; default: default)")
+
 #: ``--search-seconds``'s help, shared by simulate, plan and compare.
 SEARCH_SECONDS_HELP = (
     "--planner dqn-search: wall-clock seconds it may take for one plan (default 30); when they run out it "

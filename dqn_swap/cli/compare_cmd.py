@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import write_text
-from .common import SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, load_trace, print_json, seconds, simulations
+from .common import AGENT_HELP, SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, load_trace, print_json, seconds, simulations
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
@@ -40,8 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planners", default="all",
                    help=f"comma-separated planners ({', '.join(registered())}) or 'all' (every one but the "
                         "simple rules)")
-    p.add_argument("--agent", help="agent file for the dqn planners (default: the shipped agent, "
-                                   "checkpoints/default.pt)")
+    p.add_argument("--agent", help=f"for the dqn planners: {AGENT_HELP}")
     p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import MAX_SEED, MAX_STEPS, whole
+from .common import AGENT_HELP, MAX_SEED, MAX_STEPS, whole
 from .train_cmd import (TRACE_HELP, add_training_options, check_outputs, check_settings, command_line,
                         load_traces, log_dir, split_limits, summarise, training_limits)
 
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "--memory-limits 90%,70%,50%,30% --steps 3000 -o resnet152-ft.pt")
     p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)
     p.add_argument("--from", dest="source", metavar="AGENT_FILE",
-                   help="agent to start from (default: the shipped agent, checkpoints/default.pt)")
+                   help=f"agent to start from: {AGENT_HELP}")
     add_training_options(p, default_limits="90%,70%,50%,30%")
     p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"),
                    help="environment steps (default: a quarter of the agent's own training, at least 1000)")
@@ -44,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
 
         source = Path(DEFAULT_AGENT)
     else:
-        source = Path(args.source)
+        from dqn_swap.agents.dqn.agent_file import agent_location
+
+        source = agent_location(args.source)
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such agent file (--from)")
     if args.steps is not None and args.steps < 1:

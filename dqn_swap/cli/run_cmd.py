@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..files import write_text
-from .common import MAX_SEED, MAX_STEPS, batch_size, check_host_memory, load_trace, whole
+from .common import AGENT_HELP, MAX_SEED, MAX_STEPS, batch_size, check_host_memory, load_trace, whole
 
 # The names of dqn_swap.cli.experiment.METHODS and RENAMED_METHODS, written out so that
 # --help does not import torch (a test checks they agree).
@@ -63,8 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", metavar="FILE",
                    help="with --plan: the trace the plan was made for, used instead of recording one "
                         "(its model and batch size, where it records them, must be --model and --batch-size)")
-    p.add_argument("--agent", help="agent file for --planner dqn / dqn-search (default: the shipped agent, "
-                                   "checkpoints/default.pt)")
+    p.add_argument("--agent", help=f"for --planner dqn / dqn-search: {AGENT_HELP}")
     p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), default=10, help="measured training steps per method, after one "
                                                          "warm-up step (default 10)")
     p.add_argument("--device", choices=["cuda", "cpu"],

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..cost import PROFILES
-from .common import (SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, human, load_trace, print_json, print_table,
+from .common import (AGENT_HELP, SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, human, load_trace, print_json, print_table,
                      seconds, showing_progress, simulations)
 
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
@@ -24,17 +24,16 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
     p.add_argument("--planner", default="dqn",
                    help=f"who plans (default dqn, the shipped agent): {planner_help()}")
-    p.add_argument("--agent", help="agent file for --planner dqn / dqn-search "
-                                   "(default: the shipped agent, checkpoints/default.pt)")
+    p.add_argument("--agent", help=f"for --planner dqn / dqn-search: {AGENT_HELP}")
     p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
                    help="how --planner dqn reads its Q-values: greedy (one action, then look again), "
                         "cover (the best actions until the bytes missing are covered, then look again; "
                         f"several times faster on large graphs) or auto (cover from {AUTO_COVER_NODES} "
                         "action nodes up, else greedy; the default)")
     p.add_argument("--members", nargs="*", metavar="AGENT_FILE",
-                   help="--planner dqn with an ensemble agent file (checkpoints/ensemble.pt): also plan with "
+                   help="--planner dqn with an ensemble (--agent ensemble): also plan with "
                         "each of its agents alone, and with these agent or ensemble files in their own "
-                        "environments (checkpoints/ensemble_groups.pt), and keep the plan the simulator "
+                        "environments (ensemble_groups, shipped), and keep the plan the simulator "
                         "finds fastest (one greedy pass per agent, no search)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")

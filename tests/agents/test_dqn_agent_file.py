@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +98,29 @@ def test_shipped_agents_load_and_stay_small():
         records = ckpt["training"]["members"] if ckpt["format"] == "dqn-swap-ensemble" else [ckpt["training"]]
         for training in records:  # the training curve travels with the agent (with each of an ensemble's)
             assert training["evaluations"], path
+
+
+def test_a_shipped_agent_is_found_by_name_from_any_folder(tmp_path, monkeypatch, saved):
+    """``ensemble``, ``ensemble.pt`` and ``checkpoints/ensemble.pt`` reach the installed file from a
+    folder without one; a file that exists under the name given wins; a name neither a file nor a
+    shipped agent gets one line that lists the shipped agents."""
+    from dqn_swap import checkpoints
+    from dqn_swap.agents.dqn.agent_file import agent_location
+    from dqn_swap.agents.dqn.policy import QEnsemble
+
+    monkeypatch.chdir(tmp_path)
+    assert {"default", "ensemble", "ensemble_groups"} <= set(checkpoints.names())
+    for spec in ("ensemble", "ensemble.pt", "checkpoints/ensemble.pt", "./checkpoints/ensemble.pt"):
+        assert agent_location(spec) == checkpoints.path("ensemble.pt"), spec
+    net, _, _ = load_agent("ensemble")
+    assert isinstance(net, QEnsemble)
+    assert agent_location("grid/resnet50") == checkpoints.path("grid/resnet50.pt")
+    path, _, cfg = saved  # a user's own file named like a shipped agent is the one read
+    (tmp_path / "checkpoints").mkdir()
+    mine = tmp_path / "checkpoints" / "ensemble.pt"
+    mine.write_bytes(path.read_bytes())
+    assert agent_location("checkpoints/ensemble.pt").resolve() == mine
+    assert load_agent("checkpoints/ensemble.pt")[1] == cfg
+    with pytest.raises(AgentFileError, match=r"^nothing\.pt: no such file \(shipped agents: default, .*ensemble"):
+        load_agent("nothing.pt")
+    assert DQNPlanner("ensemble").agent_path == Path("ensemble")

@@ -93,7 +93,7 @@ def agent(folder, mlp):
 
 
 # --------------------------------------------------------------------------- train
-def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
+def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys, monkeypatch):
     from dqn_swap.agents.dqn import load_agent
     from dqn_swap.plan import Plan
 
@@ -135,14 +135,15 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys):
     assert plan.settings["members"] == 10 and list(overheads) == [str(ens)] and len(overheads[str(ens)]) == 11
     fitting = [o for o in overheads[str(ens)] if o is not None]
     assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
-    # and with more agent files, each in its own environment (the shipped groups ensemble: max_chain=3)
-    groups = ens.with_name("ensemble_groups.pt")
-    code, out, err = run(["plan", str(mlp), "-m", "50%", "--agent", str(ens), "--members", str(groups),
+    # and with more agent files, each in its own environment (the shipped groups ensemble: max_chain=3),
+    # the shipped ones named as a pip-installed user names them, from a folder without checkpoints/
+    monkeypatch.chdir(folder)
+    code, out, err = run(["plan", str(mlp), "-m", "50%", "--agent", "ensemble", "--members", "ensemble_groups",
                           "-o", str(members_plan), "--force", "--json"], capsys)
     assert code == 0, err
     plan = Plan.load(members_plan, trace)
     overheads = plan.settings["member_overheads"]
-    assert plan.settings["members"] == 14 and list(overheads) == [str(ens), str(groups)]
+    assert plan.settings["members"] == 14 and list(overheads) == ["ensemble", "ensemble_groups"]
     fitting = [o for per_file in overheads.values() for o in per_file if o is not None]
     assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
     code, out, err = run(["simulate", str(mlp), "-m", "50%", "--agent", str(path), "--members"], capsys)
