@@ -427,9 +427,10 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     # ---- demonstrations (DQfD): the best baseline's replayed plan of every cell, kept for the whole run
     demo_rb, demo_info = None, []
     if config.demonstrations == "best-baseline":
-        from .demonstrations import demonstrations, replay_nodes
+        from .demonstrations import demonstrations, replay_nodes, teacher_planner
 
-        demo_episodes, demo_info = demonstrations(envs)
+        teacher = teacher_planner(config.demo_teacher) if config.demo_teacher else None
+        demo_episodes, demo_info = demonstrations(envs, teacher=teacher)
         demo_rank = [(not d.get("replayed_feasible", False), d.get("replayed_overhead", np.inf)) for d in demo_info]
         demo_rb = _demo_buffer(demo_episodes, keys, config, rng)
         # each cell's demonstration as the actions its replay took (the plan local search polishes)

@@ -67,6 +67,13 @@ class DQNConfig:
     the greedy agent's own states where it strays from the teacher's plan, labelled with the
     teacher's action (DAgger, :func:`dqn_swap.agents.dqn.demonstrations.corrections`; the last
     ``demo_dagger_keep`` per cell are kept).
+
+    Distillation (ours): ``demo_teacher`` names agent files, comma-separated (``"ensemble,ensemble_groups"``;
+    shipped agents go by their names).  Their plan of each cell, decoded by members as
+    :class:`~dqn_swap.agents.dqn.planner.DQNPlanner` ``(members=True)`` does (the first file, each of
+    its agents, and every further file in its own environment; the simulator keeps the fastest),
+    joins the baselines' as a candidate demonstration, so that one agent learns to take in one pass
+    what several greedy passes found.
     """
 
     # network
@@ -124,12 +131,15 @@ class DQNConfig:
     demo_polish_simulations: int = 4_000
     demo_dagger: bool = False
     demo_dagger_keep: int = 200
+    demo_teacher: str = ""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             _check(field.name, getattr(self, field.name))
         if self.demo_improve != "none" and self.demonstrations == "none":
             raise ValueError("DQN setting demo_improve needs demonstrations (set demonstrations=best-baseline)")
+        if self.demo_teacher and self.demonstrations == "none":
+            raise ValueError("DQN setting demo_teacher needs demonstrations (set demonstrations=best-baseline)")
         if self.demo_dagger and self.demo_improve != "polish":
             raise ValueError("DQN setting demo_dagger needs demo_improve=polish (its teacher)")
 
@@ -173,7 +183,7 @@ _RULES: dict[str, Any] = {
     "demo_weight": (float, 0, None), "demo_pretrain_steps": (int, 0, 10**9),
     "demo_improve": ("none", "search", "polish"), "search_k": (int, 1, 1000),
     "demo_improve_every": (int, 0, 10**9), "demo_polish_simulations": (int, 1, 10**8),
-    "demo_dagger": bool, "demo_dagger_keep": (int, 1, 10**7),
+    "demo_dagger": bool, "demo_dagger_keep": (int, 1, 10**7), "demo_teacher": str,
 }
 
 
@@ -183,6 +193,10 @@ def _check(name: str, value: Any) -> None:
 
     rule = _RULES.get(name)
     if rule is None:
+        return
+    if rule is str:
+        if not isinstance(value, str):
+            raise ValueError(f"DQN setting {name} must be text, not {value!r}")
         return
     if rule is bool:
         if not isinstance(value, bool):

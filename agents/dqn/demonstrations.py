@@ -171,15 +171,35 @@ def corrections(env: SwapRecomputeEnv, teacher: tuple[Action, ...] | list[Action
             return out
 
 
-def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] | None = None
+def teacher_planner(spec: str) -> Any:
+    """The planner ``demo_teacher`` names (:class:`~dqn_swap.agents.dqn.config.DQNConfig`): agent
+    files, comma-separated, decoded by members (an ensemble's mean and each of its agents, every
+    further file in its own environment; the simulator keeps the fastest plan); a single agent file
+    alone is decoded greedily.  Raises :class:`~dqn_swap.agents.dqn.agent_file.AgentFileError`
+    naming a file that does not load."""
+    from .planner import DQNPlanner  # the planner module imports this one
+    from .policy import QEnsemble
+
+    files = [s.strip() for s in spec.split(",") if s.strip()]
+    if not files:
+        raise ValueError(f"DQN setting demo_teacher names no agent file: {spec!r}")
+    first = DQNPlanner(files[0])
+    if len(files) == 1 and not isinstance(first.net, QEnsemble):
+        return first
+    return DQNPlanner(files[0], members=True, more_agents=files[1:])
+
+
+def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] | None = None, teacher: Any = None
                        ) -> tuple[list[DemoStep], dict[str, Any]]:
     """The best replayed plan of ``planners`` on ``env``'s cell: every feasible plan is replayed and
     the replay that ends feasible with the least simulated overhead is kept (a replay stops once the
     iteration fits, so it may do better than its plan; actions the environment does not offer are
-    left out, so it may also do worse).  ``planners`` defaults to :func:`demonstrators`."""
+    left out, so it may also do worse).  ``planners`` defaults to :func:`demonstrators`;
+    ``teacher`` (:func:`teacher_planner`) adds its plan, as the planner ``"teacher"``."""
     best: tuple[tuple[bool, float], list[DemoStep], dict[str, Any]] | None = None
-    for name in planners if planners is not None else demonstrators():
-        plan = get_planner(name).plan(env.trace, env.memory_limit, env.profile)
+    named = [(name, get_planner(name)) for name in (planners if planners is not None else demonstrators())]
+    for name, planner in named + ([("teacher", teacher)] if teacher is not None else []):
+        plan = planner.plan(env.trace, env.memory_limit, env.profile)
         if not plan.figures.get("feasible"):
             continue
         steps = demonstration_episode(env, plan)
@@ -194,17 +214,17 @@ def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] | None =
     return best[1], best[2]
 
 
-def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] | None = None
+def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] | None = None, teacher: Any = None
                    ) -> tuple[list[list[DemoStep]], list[dict[str, Any]]]:
     """Per environment, :func:`best_demonstration`'s episode and what it was."""
     episodes, info = [], []
     for env in envs:
-        steps, what = best_demonstration(env, planners)
+        steps, what = best_demonstration(env, planners, teacher)
         episodes.append(steps)
         info.append(what)
     return episodes, info
 
 
 __all__ = ["DemoStep", "PlanTeacher", "action_nodes", "best_demonstration", "corrections", "demonstration_episode",
-           "demonstrations", "demonstrators", "polished_episode", "replay_nodes"]
+           "demonstrations", "demonstrators", "polished_episode", "replay_nodes", "teacher_planner"]
 

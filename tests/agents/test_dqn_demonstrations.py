@@ -207,3 +207,35 @@ def test_corrections_label_the_students_own_states_with_the_teachers_actions(tin
         assert "demo_dagger" in str(err)
     else:
         raise AssertionError("demo_dagger without a polishing teacher was accepted")
+
+
+def test_a_teacher_agents_plan_joins_the_demonstrations(tiny_resnet_trace, tmp_path):
+    """``demo_teacher``: the named agents' plan, decoded by members, is one more candidate
+    demonstration; the best replay is kept, and a training run records which one it was."""
+    from dqn_swap.agents.dqn.demonstrations import teacher_planner
+
+    env = make_env(tiny_resnet_trace, LIMIT, None, DQNConfig())
+    teacher = teacher_planner("ensemble, ensemble_groups")
+    assert teacher.members and len(teacher.portfolio) == 2
+    assert not teacher_planner("default").members  # one agent: its own greedy plan
+    steps, info = best_demonstration(env, ("lru",), teacher)
+    replays = {}
+    for name, planner in (("lru", get_planner("lru")), ("teacher", teacher)):
+        plan = planner.plan(tiny_resnet_trace, env.memory_limit)
+        demonstration_episode(env, plan)
+        replays[name] = (not env.result.feasible, env.result.overhead)
+    assert info["planner"] == min(replays, key=replays.get)
+    assert info["replayed_overhead"] == pytest.approx(min(replays.values())[1], abs=1e-12)
+    assert replays["teacher"] < replays["lru"]  # here the teacher's plan is the better one
+    config = DQNConfig(**{**TINY_RUN, "total_timesteps": 150}, demo_teacher="ensemble,ensemble_groups")
+    train(tiny_resnet_trace, LIMIT, tmp_path / "t.pt", config, log_dir=None, progress=False)
+    _, cfg, ckpt = load_agent(tmp_path / "t.pt")
+    assert cfg.demo_teacher == "ensemble,ensemble_groups"
+    assert ckpt["training"]["demonstrations"][0]["planner"] == "teacher"
+
+
+def test_demo_teacher_is_refused_without_demonstrations_or_as_a_number():
+    with pytest.raises(ValueError, match="demo_teacher needs demonstrations"):
+        DQNConfig(demo_teacher="ensemble")
+    with pytest.raises(ValueError, match="demo_teacher must be text"):
+        DQNConfig(demonstrations="best-baseline", demo_teacher=3)
