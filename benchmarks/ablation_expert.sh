@@ -14,7 +14,9 @@
 # longer, on two and four networks a family, and TD learning with it.  The groups3 arm offers
 # removals in groups of up to three linked tensors (max_chain=3, chains otherwise off), four seeds;
 # the slack arm reads the observation's swap_slack column (swap_slack=True), six seeds; the g3slack arm
-# does both, four seeds.  The agents
+# does both, eight seeds.  The distilled arms fine-tune each agent of checkpoints/ensemble.pt and
+# of checkpoints/ensemble_groups.pt for 6,000 steps on two networks a family, with the plan of the
+# shipped ensembles decoded by members as one more candidate demonstration (demo_teacher).  The agents
 # are then planned, alone and in one pass, on two networks of each validation family at four limits
 # (40 cells), beside the shipped agent, and on the test families' 56 cells against the best plans
 # known.  The ensemble arms (A+B...) decode the mean of their agents' Q-values (QEnsemble); the six
@@ -80,10 +82,27 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
     "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set swap_slack=True --steps 24000 --seed $seed \
         -o "$out/slack_24k_s$seed.pt"
   done
-  for seed in 0 1 2 3; do  # both: removals in groups of up to three, and the swap_slack column
+  for seed in 0 1 2 3 4 5 6 7; do  # both: removals in groups of up to three, and the swap_slack column
     "$PY" -m dqn_swap train $gen "${common[@]}" "${expert[@]}" --set swap_slack=True --set max_chain=3 --steps 24000 \
         --seed $seed -o "$out/g3slack_24k_s$seed.pt"
   done
+  # distillation: each agent of checkpoints/ensemble.pt fine-tuned (6,000 steps, two networks a family) with
+  # the shipped ensembles' plan decoded by members as one more candidate demonstration of every cell
+  for m in expert_24k expert_24k_s1 expert_24k_s2 expert_24k_s3 expert_24k_s4 expert_24k_s5 \
+           slack_24k_s0 slack_24k_s1 slack_24k_s2 slack_24k_s3; do
+    "$PY" -m dqn_swap finetune $gen2 --from "$out/$m.pt" --steps 6000 --threads 1 --log-dir none --force \
+        --set demo_teacher=checkpoints/ensemble.pt,checkpoints/ensemble_groups.pt -o "$out/distill_$m.pt"
+  done
+  for seed in 0 1 2 3; do  # and the g3slack seeds of checkpoints/ensemble_groups.pt, the same way
+    "$PY" -m dqn_swap finetune $gen2 --from "$out/g3slack_24k_s$seed.pt" --steps 6000 --threads 1 --log-dir none \
+        --force --set demo_teacher=checkpoints/ensemble.pt,checkpoints/ensemble_groups.pt \
+        -o "$out/distill_g3slack_24k_s$seed.pt"
+  done
+}
+plus() {  # the agent files $out/NAME.pt of the names given, joined by '+' (an ensemble arm)
+  local IFS=+ files=()
+  for name in "$@"; do files+=("$out/$name.pt"); done
+  echo "${files[*]}"
 }
 arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
       expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"
@@ -113,11 +132,25 @@ arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert=
       g3slack-s3="$out/g3slack_24k_s3.pt"
       ensemble-g3slack-4seeds="$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
       ensemble-groups3+g3slack="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt+$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
+      g3slack-s4="$out/g3slack_24k_s4.pt" g3slack-s5="$out/g3slack_24k_s5.pt" g3slack-s6="$out/g3slack_24k_s6.pt"
+      g3slack-s7="$out/g3slack_24k_s7.pt"
+      ensemble-g3slack-8seeds="$(plus g3slack_24k_s{0,1,2,3,4,5,6,7})"
+      distilled-expert-24k="$out/distill_expert_24k.pt" distilled-expert-24k-s1="$out/distill_expert_24k_s1.pt"
+      distilled-expert-24k-s2="$out/distill_expert_24k_s2.pt" distilled-expert-24k-s3="$out/distill_expert_24k_s3.pt"
+      distilled-expert-24k-s4="$out/distill_expert_24k_s4.pt" distilled-expert-24k-s5="$out/distill_expert_24k_s5.pt"
+      distilled-slack-s0="$out/distill_slack_24k_s0.pt" distilled-slack-s1="$out/distill_slack_24k_s1.pt"
+      distilled-slack-s2="$out/distill_slack_24k_s2.pt" distilled-slack-s3="$out/distill_slack_24k_s3.pt"
+      ensemble-distilled="$(plus distill_expert_24k{,_s1,_s2,_s3,_s4,_s5} distill_slack_24k_s{0,1,2,3})"
+      distilled-g3slack-s0="$out/distill_g3slack_24k_s0.pt" distilled-g3slack-s1="$out/distill_g3slack_24k_s1.pt"
+      distilled-g3slack-s2="$out/distill_g3slack_24k_s2.pt" distilled-g3slack-s3="$out/distill_g3slack_24k_s3.pt"
+      ensemble-distilled-g3slack="$(plus distill_g3slack_24k_s{0,1,2,3})"
+      members:ensemble-distilled="$(plus distill_expert_24k{,_s1,_s2,_s3,_s4,_s5} distill_slack_24k_s{0,1,2,3})"
       members:shipped=checkpoints/ensemble.pt
       "members:shipped+groups=checkpoints/ensemble.pt|checkpoints/ensemble_groups.pt"
       members:ensemble-g3slack-4seeds="$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt"
       members:ensemble-groups3+g3slack="$out/groups3_24k_s0.pt+$out/groups3_24k_s1.pt+$out/groups3_24k_s2.pt+$out/groups3_24k_s3.pt+$out/g3slack_24k_s0.pt+$out/g3slack_24k_s1.pt+$out/g3slack_24k_s2.pt+$out/g3slack_24k_s3.pt")
-members=(members:shipped members:ensemble-g3slack-4seeds members:ensemble-groups3+g3slack "members:shipped+groups")
+members=(members:shipped members:ensemble-g3slack-4seeds members:ensemble-groups3+g3slack "members:shipped+groups"
+         members:ensemble-distilled)
 "$PY" benchmarks/bench_generalization.py --split validation --per-family 2 --agents "${arms[@]}" \
     --members "${members[@]}" --reuse benchmarks/results/generalization_validation_ablation.json \
     --json benchmarks/results/generalization_validation_ablation.json \
