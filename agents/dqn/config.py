@@ -73,7 +73,8 @@ class DQNConfig:
     :class:`~dqn_swap.agents.dqn.planner.DQNPlanner` ``(members=True)`` does (the first file, each of
     its agents, and every further file in its own environment; the simulator keeps the fastest),
     joins the baselines' as a candidate demonstration, so that one agent learns to take in one pass
-    what several greedy passes found.
+    what several greedy passes found.  Measured in docs/learning.md ("Distilling the members"): it
+    helps agents alone, not their ensemble.
     """
 
     # network
