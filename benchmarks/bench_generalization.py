@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import DEFAULT_AGENT, LIMITS, agent_files, pct, provenance, publish, slug, write_json  # noqa: E402
+from common import DEFAULT_AGENT, LIMITS, agent_files, arm_files, pct, provenance, publish, slug, write_json  # noqa: E402
 from dqn_swap.agents import planner_names  # noqa: E402
 
 CORPUS = ROOT / "runs" / "corpus"
@@ -380,11 +380,8 @@ def trained_families(path: str | Path) -> dict[str, Any]:
     from dqn_swap.models.generator import family_of
 
     envs = []
-    members: list[str] = []
-    for part in str(path).split("|"):  # an arm decoded by members may add agent files after '|'
-        files = agent_files(part)
-        members += files if isinstance(files, list) else [files]
-    for member in members:
+    agent, more = arm_files(path)
+    for member in (agent if isinstance(agent, list) else [agent]) + more:
         _, _, obj = load_agent(member)
         envs += list(obj.get("training", {}).get("environments", []))
     families: set[str] = set()
@@ -440,8 +437,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sources = {"": args.agent}
     agents = []
     for label, source in sources.items():
-        source, *more = source.split("|")  # decoding by members: more agent files, in their own environments
-        agent = agent_files(source)
+        agent, more = arm_files(source)  # decoding by members: more agent files, in their own environments
         suffix = f"[{label}]" if label else ""
         for kind in ("dqn", *(["dqn-search"] if args.search else [])):
             by_members = args.members is not None and (not args.members or label in args.members)
@@ -449,7 +445,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if by_members and more:
                 s = s | {"more_agents": more}
             planners[kind + suffix] = get_planner(kind, agent=agent, threads=1, **s)
-            settings[kind + suffix] = {"planner": kind, "agent": str(source), **s}
+            settings[kind + suffix] = {"planner": kind, "agent": "+".join(agent) if isinstance(agent, list) else agent,
+                                       **s}
             agents.append(kind + suffix)
     if args.long_search:
         planners[LONG] = long = LongSearch(args.agent, 2 * args.search_k, args.long_search, args.long_factor)

@@ -88,6 +88,13 @@ def agent_files(spec: str | Path) -> str | list[str]:
     return text.split("+") if "+" in text else text
 
 
+def arm_files(spec: str | Path) -> tuple[str | list[str], list[str]]:
+    """An arm decoded by members, ``AGENT|FILE|FILE...``: the agent (:func:`agent_files`) and the
+    more agent files decoded in their own environments (``more_agents``; none without ``|``)."""
+    first, *more = str(spec).split("|")
+    return agent_files(first), more
+
+
 def publish(result: dict[str, Any], text: str, json_path: str | Path | None, md_path: str | Path | None) -> None:
     """A benchmark's result: ``result`` as JSON (:func:`write_json`), ``text`` (its markdown) printed and
     written as ``md_path`` (nothing for an empty path)."""

@@ -357,8 +357,10 @@ class DQNPlanner:
         else:
             self.agent_path = Path(agent_path) if agent_path is not None else DEFAULT_AGENT
             self.net, self.config, ckpt = load_agent(self.agent_path)
-        if recompute_chains is not None:  # plan in another environment than the agent's own
-            self.config = self.config.replace(recompute_chains=bool(recompute_chains))
+        def own(config: DQNConfig) -> DQNConfig:  # recompute_chains: plan in another environment than the agent's
+            return config if recompute_chains is None else config.replace(recompute_chains=bool(recompute_chains))
+
+        self.config = own(self.config)
         self.training = ckpt.get("training", {})
         self.threads = threads
         self.polish = self.polish_default if polish is None else bool(polish)
@@ -377,9 +379,7 @@ class DQNPlanner:
         self.portfolio: list[tuple[str, QNetwork | QEnsemble, DQNConfig]] = [(first, self.net, self.config)]
         for path in self.more_agents:
             net, config, _ = load_agent(path)
-            if recompute_chains is not None:
-                config = config.replace(recompute_chains=bool(recompute_chains))
-            self.portfolio.append((str(path), net, config))
+            self.portfolio.append((str(path), net, own(config)))
 
     def _settings(self, config: DQNConfig | None = None, **extra: Any) -> dict[str, Any]:
         agent = [str(p) for p in self.agent_path] if isinstance(self.agent_path, list) else str(self.agent_path)
@@ -435,12 +435,9 @@ class DQNPlanner:
             env = self._env(trace, memory_limit, profile, config)
             decode, episode = self._decoding(env)
             batcher = GraphBatcher()
-            nets: list[tuple[str | int, Any]] = [("mean" if isinstance(net, QEnsemble) else "agent", net)]
-            if isinstance(net, QEnsemble):
-                nets += list(enumerate(net.members))
-                n_members += len(net.members)
-            else:
-                n_members += 1
+            members = list(net.members) if isinstance(net, QEnsemble) else []
+            nets: list[tuple[str | int, Any]] = [("mean" if members else "agent", net), *enumerate(members)]
+            n_members += len(members) or 1
             overheads[label] = []
             for who, q in nets:
                 summary = episode(q, batcher, env)
