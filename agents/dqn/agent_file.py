@@ -13,10 +13,12 @@ as above, and plans by the mean of their Q-values
 (:class:`~dqn_swap.agents.dqn.policy.QEnsemble`)::
 
     {"format": "dqn-swap-ensemble", "version": 1, "members": [{... an agent file's dict ...}, ...],
-     "sources": ["the members' file names", ...]}
+     "sources": ["the members' file names", ...],
+     "training": {... the record of a fine-tuning of the ensemble as a whole, if any ...}}
 
-:func:`load_agent` reads both kinds, so an ensemble file goes wherever an agent file does
-but where the agent is trained further (``finetune``, ``train --init-from``).
+:func:`load_agent` reads both kinds, so an ensemble file goes wherever an agent file does;
+fine-tuning an ensemble (``finetune``, ``train --init-from``) trains the mean of its members'
+Q-values and writes an ensemble file again (:func:`save_trained_ensemble`).
 
 Any problem (missing file, not an agent file, other version, corrupt weights)
 raises :class:`AgentFileError` with one line naming the file.  Saving never
@@ -121,11 +123,17 @@ def _check_environments(configs: list[DQNConfig], names: list[str]) -> None:
                                  "agents must agree on " + ", ".join(ENVIRONMENT_FIELDS))
 
 
-def ensemble_training(members: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
-    """An ensemble's training record: its members' training environments together
-    (``environments``), each member's record (``members``) and where each came from (``sources``)."""
-    return {"environments": sorted({str(e) for m in members for e in m.get("training", {}).get("environments", [])}),
-            "members": [dict(m.get("training", {})) for m in members], "sources": sources}
+def ensemble_training(members: list[dict[str, Any]], sources: list[str],
+                      finetuned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An ensemble's training record: its members' training environments together, and those of
+    the ensemble's own fine-tuning (``finetuned``) if any (``environments``), each member's record
+    (``members``), where each came from (``sources``) and the fine-tuning's record (``finetuned``)."""
+    records = [m.get("training", {}) for m in members] + ([finetuned] if finetuned else [])
+    out = {"environments": sorted({str(e) for r in records for e in r.get("environments", [])}),
+           "members": [dict(m.get("training", {})) for m in members], "sources": sources}
+    if finetuned:
+        out["finetuned"] = dict(finetuned)
+    return out
 
 
 def agent_location(spec: str | os.PathLike[str]) -> Path:
@@ -157,7 +165,7 @@ def load_agent(path: str | os.PathLike[str]) -> tuple[QNetwork | QEnsemble, DQNC
             loaded = [_network(m) for m in members]
             sources = [str(x) for x in obj.get("sources", [f"agent {i}" for i in range(len(members))])]
             _check_environments([c for _, c in loaded], [f"{path}: {s}" for s in sources])
-            training = ensemble_training(members, sources)
+            training = ensemble_training(members, sources, obj.get("training") or None)
             return (QEnsemble([n for n, _ in loaded]).eval(), _ensemble_config([c for _, c in loaded]),
                     {**obj, "training": training})
         net, config = _network(obj)
@@ -201,6 +209,24 @@ def save_ensemble(path: str | os.PathLike[str], agents: "list[str | os.PathLike[
     _, _, objs = load_ensemble(agents)
     obj = {"format": ENSEMBLE_FORMAT, "version": VERSION, "members": objs,
            "sources": [Path(p).name for p in agents]}
+    return _atomic_save(obj, Path(path), overwrite)
+
+
+def save_trained_ensemble(path: str | os.PathLike[str], net: QEnsemble, source: dict[str, Any], *,
+                          trace_fingerprints: list[str], training: dict[str, Any],
+                          overwrite: bool = False) -> Path:
+    """Write ``net``, an ensemble trained as a whole from the ensemble file whose loaded dict is
+    ``source`` (:func:`load_agent`'s third value), as an ensemble file: each member keeps its
+    configuration, fingerprints and training record, with its new weights; the file's ``training``
+    is this fine-tuning's record (with the one before it, if the ensemble was fine-tuned before,
+    under ``previous``) and the fine-tuning traces' fingerprints."""
+    members = []
+    for m, member in zip(source["members"], net.members):
+        members.append({**m, "state_dict": {k: v.detach().cpu().clone() for k, v in member.state_dict().items()}})
+    before = source.get("training", {}).get("finetuned")
+    record = {**training, "trace_fingerprints": list(trace_fingerprints)} | ({"previous": before} if before else {})
+    obj = {"format": ENSEMBLE_FORMAT, "version": VERSION, "members": members,
+           "sources": list(source.get("sources", [])), "training": record}
     return _atomic_save(obj, Path(path), overwrite)
 
 

@@ -28,7 +28,8 @@ from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .buffer import NStepAccumulator, ReplayBuffer
-from .agent_file import (AgentFileError, load_agent, load_resume, resume_path, save_agent, save_resume)
+from .agent_file import (AgentFileError, load_agent, load_resume, resume_path, save_agent, save_resume,
+                         save_trained_ensemble)
 from .config import DQNConfig
 from .planner import episode_summary, greedy_episode, make_env, torch_threads
 from .policy import GraphBatcher, QEnsemble, QNetwork, masked_argmax, q_values
@@ -302,15 +303,19 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     keys = [batcher.register(e.graph) for e in envs]
 
     # ---- Q-network, target network, optimiser, replay buffer
-    q_net = QNetwork(config)
+    q_net: QNetwork | QEnsemble = QNetwork(config)
+    ensemble_obj = None  # an ensemble's file dict, when its mean is what is trained
     if init_from is not None:
-        src, _, _ = load_agent(init_from)
+        src, _, src_obj = load_agent(init_from)
         if isinstance(src, QEnsemble):
-            raise AgentFileError(f"{init_from}: is an ensemble of agents; start from one of them")
-        try:
-            q_net.load_state_dict(src.state_dict())
-        except RuntimeError:
-            raise AgentFileError(f"{init_from}: its network does not match this configuration") from None
+            # ours: the mean of the members' Q-values is the network fitted, so the plan trained
+            # is the one the ensemble's one-pass decoding makes (docs/learning.md, "Fine-tuning an ensemble")
+            q_net, ensemble_obj = src.train(), src_obj
+        else:
+            try:
+                q_net.load_state_dict(src.state_dict())
+            except RuntimeError:
+                raise AgentFileError(f"{init_from}: its network does not match this configuration") from None
     target_net = copy.deepcopy(q_net)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
     rb = ReplayBuffer(config.buffer_size, rng, config.prioritized, config.per_alpha)
@@ -351,10 +356,12 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         if writer is not None:
             writer.add_scalar(tag, value, step)
 
-    def evaluate_and_keep(step: int) -> None:
+    def evaluate_and_keep(step: int, phase: str | None = None) -> None:
         nonlocal best, best_state
         ev = evaluate(q_net, batcher, eval_envs)
         ev["step"] = step
+        if phase:
+            ev["phase"] = phase
         evaluations.append({k: v for k, v in ev.items() if k != "per_env"} |
                            {"per_env": {n: {k: v for k, v in d.items()} for n, d in ev["per_env"].items()}})
         for tag in ("overhead", "peak_bytes", "feasible", "n_swap", "n_recompute"):
@@ -424,6 +431,9 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         log("demos/improved_cells", improved, step)
         log("demos/mean_overhead", float(np.mean([r[1] for r in demo_rank])), step)
 
+    if init_from is not None and start_step == 0:
+        evaluate_and_keep(0, "start")  # the starting point counts: fine-tuning never returns a worse agent
+
     # ---- demonstrations (DQfD): the best baseline's replayed plan of every cell, kept for the whole run
     demo_rb, demo_info = None, []
     if config.demonstrations == "best-baseline":
@@ -450,6 +460,8 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                     log("losses/pretrain_td_loss", loss, pre)
                     log("losses/pretrain_margin_loss", margin, pre)
             target_net.load_state_dict(q_net.state_dict())
+            if init_from is not None and config.demo_pretrain_steps:
+                evaluate_and_keep(0, "pretrained")
 
     # ---- the loop (Algorithm 1)
     order = rng.permutation(len(envs))
@@ -460,8 +472,6 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         envs[i].reset(seed=int(rng.integers(2**31)))
         return envs[i], keys[i]
 
-    if init_from is not None and start_step == 0:
-        evaluate_and_keep(0)  # the starting point counts: fine-tuning never returns a worse agent
     env, key = start_episode()
     state = env.state()
     ep_return, ep_len, sps_t, sps_step = 0.0, 0, time.perf_counter(), start_step
@@ -528,8 +538,12 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                 "memory_limits": [int(e.memory_limit) for e in envs], "command": command or "",
                 "init_from": str(init_from) if init_from else None, "demonstrations": demo_info,
                 "evaluations": [{k: v for k, v in e.items() if k != "per_env"} for e in evaluations]}
-    save_agent(out_path, q_net, config, trace_fingerprints=fingerprints, training=training, overwrite=True
-               if (overwrite or resume) else False)
+    if ensemble_obj is not None:
+        save_trained_ensemble(out_path, q_net, ensemble_obj, trace_fingerprints=fingerprints, training=training,
+                              overwrite=bool(overwrite or resume))
+    else:
+        save_agent(out_path, q_net, config, trace_fingerprints=fingerprints, training=training,
+                   overwrite=bool(overwrite or resume))
     if writer is not None:
         writer.close()
     return TrainResult(out_path, config.total_timesteps, wall, evaluations, best)
@@ -547,10 +561,16 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
     ``lr_factor`` and a short warm-up; ``config_overrides`` (a dict) changes any
     other field.  The starting agent is evaluated first, so the result is never
     worse than it on these traces.  Other keyword arguments go to :func:`train`.
+
+    ``agent_file`` may be an ensemble file: the network trained is then the mean of its
+    members' Q-values (:class:`~.policy.QEnsemble`; ours), every member's weights move with the
+    loss on the mean, the first member's configuration sets the training, and the result is an
+    ensemble file again (:func:`~.agent_file.save_trained_ensemble`). Distilling into each member
+    apart makes the members agree and their mean lose what their disagreement gave it
+    (docs/learning.md, "Distilling the members"); trained as a whole, the plan the one-pass
+    decoding makes is the one the loss sees.
     """
-    src, config, _ = load_agent(agent_file)
-    if isinstance(src, QEnsemble):
-        raise AgentFileError(f"{agent_file}: is an ensemble of agents; fine-tune one of them")
+    _, config, _ = load_agent(agent_file)
     config = config.replace(start_e=start_e, learning_starts=learning_starts, exploration_fraction=0.3,
                             learning_rate=config.learning_rate * lr_factor,
                             total_timesteps=total_timesteps or max(config.total_timesteps // 4, 1000))

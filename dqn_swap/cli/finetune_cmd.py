@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "graphs, fine-tune on a large one (section 4.4.2 of the DQN paper). The agent's "
                     "settings are kept, with less exploration (--start-e), a smaller learning rate "
                     "and a short warm-up; the starting agent is evaluated first, so the result is "
-                    "never worse than it on these traces.",
+                    "never worse than it on these traces. From an ensemble file, the mean of its "
+                    "agents' Q-values is what is trained, and the result is an ensemble file.",
         epilog="Example: dqn-swap finetune resnet152:32 --from checkpoints/default.pt "
                "--memory-limits 90%,70%,50%,30% --steps 3000 -o resnet152-ft.pt")
     p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)

@@ -82,8 +82,43 @@ def test_an_ensemble_file_plans_as_its_agents_named_one_by_one(tmp_path, tiny_re
         save_ensemble(out, paths)  # nothing a user saved is overwritten
     with pytest.raises(AgentFileError, match="ensemble already"):
         save_ensemble(tmp_path / "e2.pt", [str(out), paths[0]])
-    with pytest.raises(AgentFileError, match="fine-tune one of them"):
-        finetune(str(out), [tiny_resnet_trace], ["50%"], tmp_path / "f.pt")
+
+
+def test_fine_tuning_an_ensemble_trains_the_mean_and_writes_an_ensemble(tmp_path, tiny_resnet_trace):
+    """finetune on an ensemble file fits the mean of the members' Q-values: every member's weights
+    move, each keeps its own configuration, the result is an ensemble file again whose record
+    names the fine-tuning traces, and the starting ensemble is never replaced or made worse."""
+    from dqn_swap.agents.dqn import finetune, load_agent, save_ensemble
+
+    paths = [agent(tmp_path, "a0.pt", 0), agent(tmp_path, "a1.pt", 1, swap_slack=True)]
+    src = save_ensemble(tmp_path / "e.pt", paths)
+    before = src.read_bytes()
+    res = finetune(str(src), [tiny_resnet_trace], ["50%"], tmp_path / "f.pt", total_timesteps=60, log_dir=None,
+                   config_overrides={"learning_starts": 8, "train_frequency": 1, "eval_every": 30, "batch_size": 4,
+                                     "learning_rate": 0.05})
+    assert src.read_bytes() == before
+    raw = torch.load(res.path, weights_only=True)
+    old = torch.load(src, weights_only=True)
+    assert raw["format"] == "dqn-swap-ensemble" and raw["sources"] == ["a0.pt", "a1.pt"]
+    assert [m["config"] for m in raw["members"]] == [m["config"] for m in old["members"]]
+    assert raw["training"]["trace_fingerprints"] == [tiny_resnet_trace.fingerprint]
+    assert raw["training"]["init_from"] == str(src)
+    net, config, obj = load_agent(res.path)
+    assert isinstance(net, QEnsemble) and config.swap_slack
+    assert obj["training"]["finetuned"]["steps"] == 60
+    assert any(e.startswith(str(tiny_resnet_trace.meta.get("model", ""))) for e in obj["training"]["environments"])
+    evals = obj["training"]["finetuned"]["evaluations"]
+    assert evals[0]["step"] == 0 and obj["training"]["finetuned"]["best"]["score"] <= evals[0]["score"] + 1e-12
+    # the last weights trained (the resume file's): every member of the mean moved
+    last = torch.load(tmp_path / "f.pt.resume", weights_only=True)["q"]
+    for i, m in enumerate(old["members"]):
+        assert any(not torch.equal(last[f"members.{i}.{k}"], v) for k, v in m["state_dict"].items())
+    assert len({e["score"] for e in evals}) > 1  # and the mean's greedy plan changed with them
+    # fine-tuned again, the record before it is kept under "previous"
+    again = finetune(str(res.path), [tiny_resnet_trace], ["50%"], tmp_path / "g.pt", total_timesteps=20,
+                     log_dir=None, config_overrides={"learning_starts": 8, "eval_every": 20, "batch_size": 4})
+    rec = torch.load(again.path, weights_only=True)["training"]
+    assert rec["init_from"] == str(res.path) and rec["previous"]["steps"] == 60
 
 
 def test_the_ensemble_command(tmp_path, capsys):
