@@ -76,6 +76,11 @@ CATALOG: tuple[Entry, ...] = (
           "each agent alone in one pass (benchmarks/ablation_expert.sh)", "expert"),
     Entry("generalization_test_ablation", "The same agents on the test families, against the best plans known "
           "(benchmarks/ablation_expert.sh)", "expert"),
+    Entry("generalization_validation_joint", "The shipped ensemble fine-tuned as a whole (the mean of its agents' "
+          "Q-values trained, with the ensembles' plans decoded by members as demonstrations), on the validation "
+          "families, in one pass (benchmarks/ablation_joint.sh)", "expert"),
+    Entry("generalization_test_joint", "The same ensembles on the test families, against the best plans known "
+          "(benchmarks/ablation_joint.sh)", "expert"),
     Entry("env_ceiling", "What the agent's environment can express: every best plan known replayed in it as a "
           "demonstration, with recompute chains offered and not", "ceiling"),
     Entry("user_baselines", "What users would switch on instead (per-block checkpointing, torchtune's activation "
@@ -412,7 +417,8 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "grid": s_grid, "search": s_search, "optimal": s_md("optimal_grid_60s"), "optimal600": s_md("optimal_grid"),
     "scaling": s_md("optimal_scaling"), "bound": s_bound, "test": s_generalization("generalization_test"),
     "validation": s_generalization("generalization_validation_polish"),
-    "expert": s_mds("generalization_validation_ablation", "generalization_test_ablation"),
+    "expert": s_mds("generalization_validation_ablation", "generalization_test_ablation",
+                    "generalization_validation_joint", "generalization_test_joint"),
     "ceiling": s_md("env_ceiling"), "table1": s_table1, "ablation": s_ablation,
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
