@@ -17,7 +17,7 @@ as above, and plans by the mean of their Q-values
      "training": {... the record of a fine-tuning of the ensemble as a whole, if any ...}}
 
 :func:`load_agent` reads both kinds, so an ensemble file goes wherever an agent file does;
-fine-tuning an ensemble (``finetune``, ``train --init-from``) trains the mean of its members'
+fine-tuning an ensemble (``finetune``, ``train(init_from=...)``) trains the mean of its members'
 Q-values and writes an ensemble file again (:func:`save_trained_ensemble`).
 
 Any problem (missing file, not an agent file, other version, corrupt weights)

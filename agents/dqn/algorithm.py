@@ -28,8 +28,8 @@ from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .buffer import NStepAccumulator, ReplayBuffer
-from .agent_file import (AgentFileError, load_agent, load_resume, resume_path, save_agent, save_resume,
-                         save_trained_ensemble)
+from .agent_file import (ENVIRONMENT_FIELDS, AgentFileError, load_agent, load_resume, resume_path, save_agent,
+                         save_resume, save_trained_ensemble)
 from .config import DQNConfig
 from .planner import episode_summary, greedy_episode, make_env, torch_threads
 from .policy import GraphBatcher, QEnsemble, QNetwork, masked_argmax, q_values
@@ -306,10 +306,15 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     q_net: QNetwork | QEnsemble = QNetwork(config)
     ensemble_obj = None  # an ensemble's file dict, when its mean is what is trained
     if init_from is not None:
-        src, _, src_obj = load_agent(init_from)
+        src, src_config, src_obj = load_agent(init_from)
         if isinstance(src, QEnsemble):
             # ours: the mean of the members' Q-values is the network fitted, so the plan trained
             # is the one the ensemble's one-pass decoding makes (docs/learning.md, "Fine-tuning an ensemble")
+            differ = [f for f in (*ENVIRONMENT_FIELDS, "swap_slack") if getattr(config, f) != getattr(src_config, f)]
+            if differ:
+                raise AgentFileError(f"{init_from}: its agents plan in another environment than this configuration "
+                                     f"({differ[0]} {getattr(src_config, differ[0])!r}, not "
+                                     f"{getattr(config, differ[0])!r})")
             q_net, ensemble_obj = src.train(), src_obj
         else:
             try:

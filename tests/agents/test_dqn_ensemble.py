@@ -119,6 +119,14 @@ def test_fine_tuning_an_ensemble_trains_the_mean_and_writes_an_ensemble(tmp_path
                      log_dir=None, config_overrides={"learning_starts": 8, "eval_every": 20, "batch_size": 4})
     rec = torch.load(again.path, weights_only=True)["training"]
     assert rec["init_from"] == str(res.path) and rec["previous"]["steps"] == 60
+    # trained in another environment than its agents plan in: one line naming the file and the field
+    from dqn_swap.agents.dqn import train
+
+    with pytest.raises(AgentFileError) as e:
+        train([tiny_resnet_trace], ["50%"], tmp_path / "h.pt", DQNConfig(p=8, T=2, total_timesteps=10,
+              graph="dataflow"), init_from=str(src), log_dir=None)
+    assert "\n" not in str(e.value) and "e.pt" in str(e.value) and "graph" in str(e.value)
+    assert not (tmp_path / "h.pt").exists()
 
 
 def test_the_ensemble_command(tmp_path, capsys):
