@@ -12,7 +12,7 @@
 #   bash benchmarks/ablation_joint.sh [OUT_DIR]      (default runs/ablation_expert)
 #
 # writes OUT_DIR/joint_{expert,demos}.pt and benchmarks/results/generalization_{validation,test}_joint.{json,md}.
-# About 1.5 hours of one core per arm (2-core AMD EPYC, the two arms side by side).
+# 81-84 minutes of one core per arm (2-core Intel Xeon @ 2.50 GHz, the two arms side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
