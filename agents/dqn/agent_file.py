@@ -64,10 +64,14 @@ def save_agent(path: str | os.PathLike[str], net: QNetwork, config: DQNConfig, *
                trace_fingerprints: list[str], training: dict[str, Any] | None = None,
                overwrite: bool = False) -> Path:
     """Write an agent file (see the module docstring)."""
-    obj = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
-           "state_dict": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+    obj = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "state_dict": _weights(net),
            "trace_fingerprints": list(trace_fingerprints), "training": dict(training or {})}
     return _atomic_save(obj, Path(path), overwrite)
+
+
+def _weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``net``'s state dict as CPU copies, detached: what an agent file stores."""
+    return {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
 
 
 def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
@@ -114,12 +118,17 @@ def _network(obj: Any) -> tuple[QNetwork, DQNConfig]:
     return net.eval(), config
 
 
+def environment_difference(a: DQNConfig, b: DQNConfig, fields: tuple[str, ...] = ENVIRONMENT_FIELDS) -> str | None:
+    """The first of ``fields`` on which ``a`` and ``b`` differ, as ``"FIELD A's value, not B's value"``; None: none."""
+    field = next((f for f in fields if getattr(a, f) != getattr(b, f)), None)
+    return None if field is None else f"{field} {getattr(a, field)!r}, not {getattr(b, field)!r}"
+
+
 def _check_environments(configs: list[DQNConfig], names: list[str]) -> None:
     for c, name in zip(configs[1:], names[1:]):
-        diff = [f for f in ENVIRONMENT_FIELDS if getattr(c, f) != getattr(configs[0], f)]
+        diff = environment_difference(c, configs[0])
         if diff:
-            raise AgentFileError(f"{name}: plans in another environment than {names[0]} ({diff[0]} "
-                                 f"{getattr(c, diff[0])!r}, not {getattr(configs[0], diff[0])!r}); an ensemble's "
+            raise AgentFileError(f"{name}: plans in another environment than {names[0]} ({diff}); an ensemble's "
                                  "agents must agree on " + ", ".join(ENVIRONMENT_FIELDS))
 
 
@@ -222,7 +231,7 @@ def save_trained_ensemble(path: str | os.PathLike[str], net: QEnsemble, source: 
     under ``previous``) and the fine-tuning traces' fingerprints."""
     members = []
     for m, member in zip(source["members"], net.members):
-        members.append({**m, "state_dict": {k: v.detach().cpu().clone() for k, v in member.state_dict().items()}})
+        members.append({**m, "state_dict": _weights(member)})
     before = source.get("training", {}).get("finetuned")
     record = {**training, "trace_fingerprints": list(trace_fingerprints)} | ({"previous": before} if before else {})
     obj = {"format": ENSEMBLE_FORMAT, "version": VERSION, "members": members,

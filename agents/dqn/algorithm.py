@@ -28,8 +28,8 @@ from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
 from .buffer import NStepAccumulator, ReplayBuffer
-from .agent_file import (ENVIRONMENT_FIELDS, AgentFileError, load_agent, load_resume, resume_path, save_agent,
-                         save_resume, save_trained_ensemble)
+from .agent_file import (ENVIRONMENT_FIELDS, AgentFileError, environment_difference, load_agent, load_resume,
+                         resume_path, save_agent, save_resume, save_trained_ensemble)
 from .config import DQNConfig
 from .planner import episode_summary, greedy_episode, make_env, torch_threads
 from .policy import GraphBatcher, QEnsemble, QNetwork, masked_argmax, q_values
@@ -310,11 +310,10 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         if isinstance(src, QEnsemble):
             # ours: the mean of the members' Q-values is the network fitted, so the plan trained
             # is the one the ensemble's one-pass decoding makes (docs/learning.md, "Fine-tuning an ensemble")
-            differ = [f for f in (*ENVIRONMENT_FIELDS, "swap_slack") if getattr(config, f) != getattr(src_config, f)]
+            differ = environment_difference(src_config, config, (*ENVIRONMENT_FIELDS, "swap_slack"))
             if differ:
                 raise AgentFileError(f"{init_from}: its agents plan in another environment than this configuration "
-                                     f"({differ[0]} {getattr(src_config, differ[0])!r}, not "
-                                     f"{getattr(config, differ[0])!r})")
+                                     f"({differ})")
             q_net, ensemble_obj = src.train(), src_obj
         else:
             try:
