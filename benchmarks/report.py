@@ -81,6 +81,13 @@ CATALOG: tuple[Entry, ...] = (
           "families, in one pass (benchmarks/ablation_joint.sh)", "expert"),
     Entry("generalization_test_joint", "The same ensembles on the test families, against the best plans known "
           "(benchmarks/ablation_joint.sh)", "expert"),
+    Entry("generalization_test_trainval", "Ensembles of agents trained on the training and validation families "
+          "together, against as many of the shipped ensemble's agents, on the test families in one pass "
+          "(benchmarks/ablation_trainval.sh)", "expert"),
+    Entry("dqn_grid_train8", "The grid planned in one pass by eight of checkpoints/ensemble.pt's agents "
+          "(benchmarks/ablation_trainval.sh)"),
+    Entry("dqn_grid_trainval8", "The grid planned in one pass by eight agents trained on the training and "
+          "validation families (benchmarks/ablation_trainval.sh)"),
     Entry("env_ceiling", "What the agent's environment can express: every best plan known replayed in it as a "
           "demonstration, with recompute chains offered and not", "ceiling"),
     Entry("user_baselines", "What users would switch on instead (per-block checkpointing, torchtune's activation "
@@ -418,7 +425,8 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "scaling": s_md("optimal_scaling"), "bound": s_bound, "test": s_generalization("generalization_test"),
     "validation": s_generalization("generalization_validation_polish"),
     "expert": s_mds("generalization_validation_ablation", "generalization_test_ablation",
-                    "generalization_validation_joint", "generalization_test_joint"),
+                    "generalization_validation_joint", "generalization_test_joint",
+                    "generalization_test_trainval"),
     "ceiling": s_md("env_ceiling"), "table1": s_table1, "ablation": s_ablation,
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
