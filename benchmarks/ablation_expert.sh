@@ -28,19 +28,12 @@
 #   bash benchmarks/ablation_expert.sh [OUT_DIR]      (default runs/ablation_expert)
 #
 # writes OUT_DIR/*.pt and benchmarks/results/generalization_{validation,test}_ablation.{json,md}.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=.venv/bin/python
-[[ -n "${VIRTUAL_ENV:-}" ]] && PY=python
-out="${1:-runs/ablation_expert}"
-mkdir -p "$out"
-export OMP_NUM_THREADS=1
-gen=$("$PY" -c "from dqn_swap.models.generator import corpus
-print(' '.join(s.name for s in corpus('train', 1)))")
-gen2=$("$PY" -c "from dqn_swap.models.generator import corpus
-print(' '.join(s.name for s in corpus('train', 2)))")
-gen4=$("$PY" -c "from dqn_swap.models.generator import corpus
-print(' '.join(s.name for s in corpus('train', 4)))")
+default_out=runs/ablation_expert
+# shellcheck source=benchmarks/ablation_common.sh
+source "$(dirname "$0")/ablation_common.sh"
+gen=$(networks train 1)
+gen2=$(networks train 2)
+gen4=$(networks train 4)
 zoo="resnet_tiny:8 gpt_tiny:4 resnet18:32 lstm_short:64 resnet50:64"
 corpus="$("$PY" -c "from dqn_swap.models.generator import corpus
 print(' '.join(s.name for s in sorted(corpus('train', 2), key=lambda s: (s.family, s.seed))))")
@@ -98,11 +91,6 @@ expert=(--set demo_improve=polish --set demo_dagger=True --set demo_improve_ever
         --force --set demo_teacher=checkpoints/ensemble.pt,checkpoints/ensemble_groups.pt \
         -o "$out/distill_g3slack_24k_s$seed.pt"
   done
-}
-plus() {  # the agent files $out/NAME.pt of the names given, joined by '+' (an ensemble arm)
-  local IFS=+ files=()
-  for name in "$@"; do files+=("$out/$name.pt"); done
-  echo "${files[*]}"
 }
 arms=(shipped=checkpoints/default.pt td+search-demos="$out/td_search.pt" expert="$out/expert.pt"
       expert-narrow="$out/expert_narrow.pt" expert-p64="$out/expert_p64.pt" expert-ce="$out/expert_ce.pt"

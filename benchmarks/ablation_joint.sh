@@ -13,15 +13,10 @@
 #
 # writes OUT_DIR/joint_{expert,demos}.pt and benchmarks/results/generalization_{validation,test}_joint.{json,md}.
 # 81-84 minutes of one core per arm (2-core Intel Xeon @ 2.50 GHz, the two arms side by side).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=.venv/bin/python
-[[ -n "${VIRTUAL_ENV:-}" ]] && PY=python
-out="${1:-runs/ablation_expert}"
-mkdir -p "$out"
-export OMP_NUM_THREADS=1
-gen2=$("$PY" -c "from dqn_swap.models.generator import corpus
-print(' '.join(s.name for s in corpus('train', 2)))")
+default_out=runs/ablation_expert
+# shellcheck source=benchmarks/ablation_common.sh
+source "$(dirname "$0")/ablation_common.sh"
+gen2=$(networks train 2)
 common=(--from checkpoints/ensemble.pt --threads 1 --log-dir none --force --set demo_pretrain_steps=1000
         --set eval_every=1000 --set demo_teacher=checkpoints/ensemble.pt,checkpoints/ensemble_groups.pt)
 # shellcheck disable=SC2086  # $gen2 is a list of names

@@ -13,15 +13,10 @@
 # writes OUT_DIR/*.pt, benchmarks/results/generalization_test_trainval.{json,md} and
 # benchmarks/results/dqn_grid_{train,trainval}8.{json,md}.
 # 19-25 minutes of one core an agent (2-core Intel Xeon @ 2.50 GHz, two agents side by side).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=.venv/bin/python
-[[ -n "${VIRTUAL_ENV:-}" ]] && PY=python
-out="${1:-runs/trainval}"
-mkdir -p "$out"
-export OMP_NUM_THREADS=1
-tv=$("$PY" -c "from dqn_swap.models.generator import corpus
-print(' '.join(s.name for s in corpus('train', 1) + corpus('validation', 1)))")
+default_out=runs/trainval
+# shellcheck source=benchmarks/ablation_common.sh
+source "$(dirname "$0")/ablation_common.sh"
+tv="$(networks train 1) $(networks validation 1)"
 common=(--memory-limits 90%,70%,50%,30% --steps 24000 --threads 1 --log-dir none --force
         --set demonstrations=best-baseline --set demo_pretrain_steps=2000 --set learning_rate=5e-4
         --set eval_every=2000 --set demo_improve=polish --set demo_dagger=True --set demo_improve_every=2000
@@ -41,11 +36,6 @@ names = ["shipped_e0", "shipped_e1", "shipped_e2", "shipped_e3", "shipped_e4", "
 for name, member in zip(names, e["members"]):
     torch.save(member, f"{sys.argv[1]}/{name}.pt")
 EOF
-plus() {  # the agent files $out/NAME.pt of the names given, joined by '+' (an ensemble arm)
-  local IFS=+ files=()
-  for name in "$@"; do files+=("$out/$name.pt"); done
-  echo "${files[*]}"
-}
 train4=$(plus shipped_e0 shipped_e1 shipped_s0 shipped_s1)
 tv4=$(plus expert_s0 expert_s1 slack_s0 slack_s1)
 train8=$(plus shipped_e{0,1,2,3} shipped_s{0,1,2,3})
