@@ -24,8 +24,11 @@ common=(--memory-limits 90%,70%,50%,30% --steps 24000 --threads 1 --log-dir none
 for seed in 0 1 2 3; do
   # shellcheck disable=SC2086  # $tv is a list of names
   "$PY" -m dqn_swap train $tv "${common[@]}" --seed $seed -o "$out/expert_s$seed.pt" &
+  expert=$!
   "$PY" -m dqn_swap train $tv "${common[@]}" --seed $seed --set swap_slack=True -o "$out/slack_s$seed.pt" &
-  wait
+  slack=$!
+  wait "$expert"  # each by its pid, so that a failed run stops the script (set -e)
+  wait "$slack"
 done
 # the shipped ensemble's agents, one agent file each (expert_24k, expert_24k_s1..s5, slack_24k_s0..s3)
 "$PY" - "$out" <<'EOF'
