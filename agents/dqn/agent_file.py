@@ -229,9 +229,7 @@ def save_trained_ensemble(path: str | os.PathLike[str], net: QEnsemble, source: 
     configuration, fingerprints and training record, with its new weights; the file's ``training``
     is this fine-tuning's record (with the one before it, if the ensemble was fine-tuned before,
     under ``previous``) and the fine-tuning traces' fingerprints."""
-    members = []
-    for m, member in zip(source["members"], net.members):
-        members.append({**m, "state_dict": _weights(member)})
+    members = [{**m, "state_dict": _weights(member)} for m, member in zip(source["members"], net.members)]
     before = source.get("training", {}).get("finetuned")
     record = {**training, "trace_fingerprints": list(trace_fingerprints)} | ({"previous": before} if before else {})
     obj = {"format": ENSEMBLE_FORMAT, "version": VERSION, "members": members,
