@@ -44,8 +44,9 @@ def _raise_stopped(signum: int, frame: object) -> None:
 
 
 def install() -> None:
-    """SIGTERM raises :class:`Stopped` (only in the main thread, where Python runs signal handlers)."""
-    if threading.current_thread() is threading.main_thread():
+    """SIGTERM raises :class:`Stopped` (only in the main thread, where Python runs signal handlers),
+    unless the process was started with SIGTERM ignored: what the caller ignores stays ignored."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, _raise_stopped)
 
 
@@ -57,7 +58,9 @@ def as_stopped(e: KeyboardInterrupt) -> Stopped:
 @contextlib.contextmanager
 def signals_noted(received: list[int]) -> Iterator[None]:
     """Inside, SIGINT and SIGTERM append their number to ``received`` instead of raising (main thread
-    only: elsewhere Python runs no signal handler); the handlers before are restored after."""
+    only: elsewhere Python runs no signal handler); the handlers before are restored after.  A signal
+    ignored before stays ignored: a command a shell started in the background (``dqn-swap plan ... &``
+    in a script) inherits SIGINT ignored, so that Ctrl-C at the terminal is not meant for it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -65,7 +68,8 @@ def signals_noted(received: list[int]) -> Iterator[None]:
     def note(signum: int, frame: object) -> None:
         received.append(signum)
 
-    old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
+           if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:

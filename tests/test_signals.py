@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,21 @@ import pytest
 from dqn_swap.stop import Stopped, outputs_together
 
 # Imports first, then says "ready" and runs the command: the signal is sent only after that, so that
-# it reaches the command, not the interpreter's start-up.
-_CHILD = "import sys; from dqn_swap.cli import main; print('ready', flush=True); sys.exit(main(sys.argv[1:]))"
+# it reaches the command, not the interpreter's start-up.  SIGINT is set to Python's default first: a
+# test run started in the background by a shell hands its children SIGINT ignored (and the commands
+# keep what their caller ignores, as the last test checks).
+_CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "from dqn_swap.cli import main; print('ready', flush=True); sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.fixture
+def sigint_default() -> "Iterator[None]":
+    """SIGINT raises KeyboardInterrupt in this test, whatever the test run was started with."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +98,7 @@ def test_train_stopped_after_an_evaluation_says_how_to_resume(trace: Path, tmp_p
     assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
 
 
-def test_outputs_written_together_finish_before_the_signal_stops_them(tmp_path: Path) -> None:
+def test_outputs_written_together_finish_before_the_signal_stops_them(tmp_path: Path, sigint_default: None) -> None:
     """``compare`` writes its table, CSV and plots inside ``outputs_together``: a signal midway waits
     for the last of them, then stops the command with a line saying they are whole."""
     from dqn_swap.files import write_text
@@ -121,3 +135,20 @@ def test_an_output_folder_removed_midway_is_made_again_and_the_run_ends_whole(tr
     assert p.returncode == 0 and "Traceback" not in err, err
     load_agent(out / "a.pt")
     assert not any(x.name.endswith(".tmp") for x in tmp_path.rglob("*"))
+
+
+def test_a_signal_ignored_by_the_caller_stays_ignored(tmp_path: Path) -> None:
+    """A command started with SIGINT ignored (as a shell starts a background job) is not stopped by
+    it, even inside a block that notes signals, and the ignoring is left in place after."""
+    from dqn_swap.files import write_text
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with outputs_together("the table"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            write_text(tmp_path / "a.md", "table\n")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (tmp_path / "a.md").read_text() == "table\n"

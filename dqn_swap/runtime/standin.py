@@ -9,8 +9,9 @@ checked on any machine:
   making the compute stream wait for an event blocks the host until it has
   completed (on a GPU the kernels would wait instead; the ordering is the same);
 * every side stream is a worker thread that runs its queue in order; a copy
-  sleeps an injected delay (fixed, or drawn from a seeded generator) and then
-  copies; an event completes when the worker reaches it;
+  sleeps an injected delay (fixed, or drawn from a seeded generator), or waits
+  at a :class:`Gate` until the test opens it, and then copies; an event
+  completes when the worker reaches it;
 * a queued copy holds only *weak* references to its tensors, as a CUDA kernel
   holds none: if the runtime lets one be freed before the copy ran, the copy
   finds it gone.
@@ -106,6 +107,38 @@ class _Copy:
     nbytes: int
 
 
+class Gate:
+    """Holds the copies of chosen side streams until the test opens it.
+
+    A delay in seconds makes a copy late only if the host is quicker than the
+    delay, which a loaded machine is not; a gate makes "this copy has not run
+    yet" hold for as long as the test needs, whatever the load.  ``timeout``
+    bounds the wait, so that a runtime that waits for a held copy is slow
+    (and the test's assertions fail) instead of hanging.
+
+    Args:
+        streams: indices of the side streams held (``stream.index``: 0 for the
+            first side stream made, ...).
+        timeout: seconds a held copy waits at most.
+    """
+
+    def __init__(self, streams: tuple[int, ...] = (1,), timeout: float = 30.0) -> None:
+        self.streams = frozenset(streams)
+        self.timeout = timeout
+        self._open = threading.Event()
+
+    def open(self) -> None:
+        """Let every held copy, and every later one, run."""
+        self._open.set()
+
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    def wait(self, stream: StandInStream) -> None:
+        if stream.index in self.streams:
+            self._open.wait(self.timeout)
+
+
 class StandInBackend:
     """The CPU as an asynchronous device (module docstring); ``violations`` holds what the checker found.
 
@@ -115,14 +148,17 @@ class StandInBackend:
             function of the stream (``stream.index``: 0 for the first side
             stream made, ...) returning seconds.
         seed: seed of the delays.
+        gate: a :class:`Gate` that copies of the streams it names wait at (on
+            their worker, after the delay) before they run.
     """
 
     asynchronous = True
 
     def __init__(self, delay: float | tuple[float, float] | Callable[[StandInStream], float] = 0.002,
-                 seed: int = 0) -> None:
+                 seed: int = 0, gate: Gate | None = None) -> None:
         self.device = torch.device("cpu")
         self._delay = delay
+        self.gate = gate
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -183,6 +219,8 @@ class StandInBackend:
         def job() -> None:
             if delay > 0:
                 time.sleep(delay)
+            if self.gate is not None:
+                self.gate.wait(stream)
             try:
                 dst_now = torch.UntypedStorage._new_with_weak_ptr(refs[0])
                 src_now = torch.UntypedStorage._new_with_weak_ptr(refs[1])
@@ -291,4 +329,4 @@ class _Checker(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-__all__ = ["COMPUTE", "StandInBackend", "StandInEvent", "StandInStream"]
+__all__ = ["COMPUTE", "Gate", "StandInBackend", "StandInEvent", "StandInStream"]

@@ -21,7 +21,8 @@ import torch
 from dqn_swap.planners import manual_plan, saved_activations
 from dqn_swap.recorder import record_trace
 from dqn_swap.runtime import PlannedExecution
-from dqn_swap.runtime.standin import StandInBackend
+from dqn_swap.runtime.execution import _Iteration
+from dqn_swap.runtime.standin import Gate, StandInBackend
 from dqn_swap.runtime.swap import SwapGroup, Swapper
 
 from ..runtime_support import MODELS, _zoo, assert_same_training, hand_plan, trace_of, train
@@ -64,7 +65,16 @@ def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped(monkeypa
     name = "resnet_tiny"
     trace = trace_of(name)
     plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
-    backend = StandInBackend(delay=0.03)
+    # Copies out are held until a prefetch has been deferred, however quick or slow the host is.
+    backend = StandInBackend(delay=0.0, gate=Gate(streams=(0,)))
+    issue = _Iteration.issue_prefetches
+
+    def issue_then_open(self: _Iteration) -> None:
+        issue(self)
+        if self.stats.deferred_prefetches:
+            backend.gate.open()
+
+    monkeypatch.setattr(_Iteration, "issue_prefetches", issue_then_open)
     got = train_on(backend, name, plan, steps=1)
     stats = got.runtime.stats
     assert_same_training_steps = train(name, steps=1)
@@ -76,13 +86,16 @@ def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped(monkeypa
     backend.close()
 
 
-def slow_copies_back(stream) -> float:  # noqa: ANN001
-    """Copies out (the first side stream) at once, copies back (the second) slowly."""
-    return 0.0 if stream.index == 0 else 0.05
+def copies_back_held() -> StandInBackend:
+    """Copies out (the first side stream) at once, copies back (the second) held at a gate."""
+    return StandInBackend(delay=0.0, gate=Gate(streams=(1,)))
 
 
 def forward_then_drop(backend: StandInBackend) -> PlannedExecution:
-    """Forward passes whose prefetches start in forward, then graphs dropped without backward."""
+    """Forward passes whose prefetches start in forward, then graphs dropped without backward.
+
+    The backend's gate, if it has one, holds the first pass's copies back until its graph has
+    gone, so that they are still running when it goes, however loaded the machine."""
     name = "resnet_tiny"
     trace = trace_of(name)
     plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
@@ -96,11 +109,13 @@ def forward_then_drop(backend: StandInBackend) -> PlannedExecution:
                 loss = w.loss_fn(w.model(*w.inputs))
             del loss  # no backward: autograd frees the graph and the runtime's handles
             gc.collect()
+            if backend.gate is not None:
+                backend.gate.open()
     return rt
 
 
 def test_forward_without_backward_keeps_buffers_until_their_copies_end() -> None:
-    backend = StandInBackend(delay=slow_copies_back)
+    backend = copies_back_held()
     rt = forward_then_drop(backend)
     assert rt.swapper.kept_for_copies > 0  # copies back were still running when the graph went
     rt.synchronize()
@@ -267,37 +282,47 @@ def test_the_default_bound_is_the_simulators() -> None:
 
 
 # --------------------------------------------------------------------------- the checker
+def held_copies() -> StandInBackend:
+    """Copies on the first side stream held until the test opens the gate."""
+    return StandInBackend(delay=0.0, gate=Gate(streams=(0,)))
+
+
 def test_the_checker_catches_a_read_without_a_wait() -> None:
-    backend = StandInBackend(delay=0.05)
+    backend = held_copies()
     stream = backend.new_stream()
     src, dst = torch.randn(1000), torch.empty(1000)
     with backend.checking():
         backend.copy(dst, src, stream)
         _ = dst + 1  # the copy into dst has not run yet
+    backend.gate.open()
     backend.synchronize()
     assert any("still writing" in v for v in backend.violations)
     backend.close()
 
 
 def test_the_checker_catches_a_freed_source() -> None:
-    backend = StandInBackend(delay=0.05)
+    backend = held_copies()
     stream = backend.new_stream()
     dst = torch.empty(1000)
     src = torch.randn(1000)
     backend.copy(dst, src, stream)
     del src  # nobody keeps the source of the pending copy
     gc.collect()
+    backend.gate.open()
     backend.synchronize()
     assert any("freed before the copy ran" in v for v in backend.violations)
     backend.close()
 
 
 def test_the_checker_catches_a_buffer_reused_before_its_copy() -> None:
-    backend = StandInBackend(delay=lambda stream: 0.2 if stream.index == 0 else 0.0)
+    backend = held_copies()
     s1, s2 = backend.new_stream(), backend.new_stream()
     host, a, b = torch.empty(1000), torch.randn(1000), torch.empty(1000)
-    backend.copy(b, host, s1)  # reads host
+    backend.copy(b, host, s1)  # reads host (held)
     backend.copy(host, a, s2)  # overwrites host without waiting for the first copy's event
+    done = backend.record_event(s2)
+    done.synchronize()  # the second copy has run while the first was held
+    backend.gate.open()
     backend.synchronize()
     assert any("had not finished with the same buffer" in v for v in backend.violations)
     backend.close()
@@ -315,7 +340,7 @@ def test_dropping_buffers_early_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
             g.host = None
 
     monkeypatch.setattr(Swapper, "retire", retire_at_once)
-    backend = StandInBackend(delay=slow_copies_back)
+    backend = copies_back_held()
     rt = forward_then_drop(backend)
     rt.synchronize()
     backend.synchronize()
