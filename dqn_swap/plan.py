@@ -77,6 +77,13 @@ class RecomputeStep(NamedTuple):
     release: tuple[int, ...] = ()
 
 
+def _ints(xs: Any) -> tuple[int, ...]:
+    """``xs``, a JSON list of integers (not floats, strings or booleans), as a tuple."""
+    if not isinstance(xs, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in xs):
+        raise TypeError(f"expected a list of integers, not {xs!r}"[:120])
+    return tuple(xs)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """What the simulator decided for a plan's actions (module docstring).
@@ -103,11 +110,7 @@ class Schedule:
         if not isinstance(d, dict):
             raise TypeError("schedule is not an object")
 
-        def ints(xs: Any) -> tuple[int, ...]:
-            if not isinstance(xs, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in xs):
-                raise TypeError(f"expected a list of integers, not {xs!r}"[:120])
-            return tuple(xs)
-
+        ints = _ints
         prefetch = tuple(ints(pair) for pair in d.get("prefetch", []))
         if any(len(p) != 2 for p in prefetch):
             raise ValueError("a prefetch entry is not [tensor, op]")
@@ -174,8 +177,14 @@ class Plan:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_BYTES:
             raise PlanError(f"{where}: memory_limit must be a positive number of bytes up to {MAX_BYTES} "
                             f"(beyond any device above), not {limit!r}")
+        for key in ("trace_fingerprint", "profile", "planner"):
+            if not isinstance(d.get(key), str) or not d[key]:
+                raise PlanError(f"{where}: corrupt plan, {key} must be a non-empty string, not {d.get(key)!r}"[:200])
+        for key in ("settings", "figures"):
+            if key in d and not isinstance(d[key], dict):
+                raise PlanError(f"{where}: corrupt plan, {key} must be an object, not {d[key]!r}"[:200])
         try:
-            actions = tuple(Action(int(e), int(t), ActionKind[str(k).upper()]) for e, t, k in d["actions"])
+            actions = tuple(Action(*_ints([e, t]), ActionKind[str(k).upper()]) for e, t, k in d["actions"])
             tensors = [a.tensor for a in actions]
             if len(set(tensors)) != len(tensors):
                 dup = sorted({t for t in tensors if tensors.count(t) > 1})
@@ -183,8 +192,8 @@ class Plan:
                                 "recomputed at most once)")
             schedule = Schedule.from_json(d["schedule"]) if d.get("schedule") is not None else None
             return cls(actions=actions, memory_limit=int(d["memory_limit"]),
-                       trace_fingerprint=str(d["trace_fingerprint"]), profile=str(d["profile"]),
-                       planner=str(d["planner"]), settings=dict(d.get("settings", {})),
+                       trace_fingerprint=d["trace_fingerprint"], profile=d["profile"],
+                       planner=d["planner"], settings=dict(d.get("settings", {})),
                        figures=dict(d.get("figures", {})), schedule=schedule)
         except PlanError:
             raise

@@ -58,7 +58,6 @@ import hashlib
 import io
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -617,8 +616,15 @@ class Trace:
             raise TraceError(f"{path}: is a directory, not a trace file") from None
         except PermissionError:
             raise TraceError(f"{path}: permission denied") from None
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, UnicodeDecodeError) as e:
-            raise TraceError(f"{path}: corrupt or truncated trace file ({type(e).__name__}: {e})") from None
+        except MemoryError as e:  # an .npy header that claims more rows than the machine can hold
+            raise TraceError(f"{path}: corrupt trace file, or one too large for this machine: an array in it "
+                             f"needs more memory than there is ({str(e)[:120]})") from None
+        except Exception as e:  # noqa: BLE001
+            # A damaged archive fails in many ways below zipfile and numpy (BadZipFile, zlib.error,
+            # an .npy header numpy cannot parse, a compression method or flag zipfile refuses, ...):
+            # any failure to decode the file is the file's, and gets one line.
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+            raise TraceError(f"{path}: corrupt or truncated trace file ({type(e).__name__}: {first})") from None
         op_names = meta.pop("op_names", [])
         module_names = meta.pop("module_names", [])
         meta.pop("format"), meta.pop("version")

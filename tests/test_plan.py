@@ -49,6 +49,13 @@ def test_a_version_1_file_is_read_and_scheduled(tmp_path) -> None:
     (lambda d: d["schedule"].update(prefetch=[["a", 2]]), "corrupt plan"),
     (lambda d: d["schedule"].update(max_inflight_d2h_bytes=-1), "corrupt plan"),
     (lambda d: d["schedule"].update(recompute=[[5]]), "corrupt plan"),
+    # an action's event or tensor that is not a whole number is refused, not truncated or parsed
+    (lambda d: d["actions"][0].__setitem__(0, d["actions"][0][0] + 0.5), "corrupt plan"),
+    (lambda d: d["actions"][0].__setitem__(1, str(d["actions"][0][1])), "corrupt plan"),
+    (lambda d: d["actions"][0].__setitem__(0, True), "corrupt plan"),
+    (lambda d: d.update(profile=[1]), "profile must be a non-empty string"),
+    (lambda d: d.update(planner={"a": 1}), "planner must be a non-empty string"),
+    (lambda d: d.update(settings=[]), "settings must be an object"),
 ])
 def test_bad_schedules_give_one_line(tmp_path, mutate, message) -> None:
     trace, plan = mixed_plan()

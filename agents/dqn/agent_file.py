@@ -31,7 +31,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +88,13 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
         raise AgentFileError(f"{path}: not a dqn-swap agent file ({first[:120]})") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError,
-            UnicodeDecodeError) as e:
+    except MemoryError as e:  # a record that claims more bytes than the machine can hold
+        raise AgentFileError(f"{path}: corrupt agent file, or one too large for this machine "
+                             f"({str(e)[:120]})") from None
+    except Exception as e:  # noqa: BLE001
+        # A damaged file fails in many ways inside torch.load (a bad zip entry, a record of the
+        # weights-only unpickler that does not fit its stack, ...): any failure to decode it is the
+        # file's, and gets one line.
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AgentFileError(f"{path}: corrupt or truncated agent file ({first[:120]})") from None
     if not isinstance(obj, dict) or obj.get("format") not in ((fmt,) if isinstance(fmt, str) else fmt):
