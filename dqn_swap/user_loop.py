@@ -104,6 +104,17 @@ class _HostCopy:
         self.dtype, self.size, self.stride, self.offset = t.dtype, t.size(), t.stride(), t.storage_offset()
 
 
+def _read_index(index: Path) -> dict[str, Any]:
+    """An autoplan cache's ``index.json``: signature key -> {"trace": file, "plan": file, ...}."""
+    try:
+        entries = json.loads(index.read_text())
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+            raise ValueError("not an object of entries")
+    except (OSError, ValueError) as e:
+        raise AutoPlanError(f"{index}: not a dqn-swap autoplan index ({e})") from None
+    return entries
+
+
 def _host_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     """Host memory for a copy out: pinned on cuda; on the cpu NumPy's memory, which PyTorch's
     allocator (and so the allocator timeline that stands in for device memory) does not see."""
@@ -672,16 +683,13 @@ class AutoPlan:
         index = self.cache / "index.json"
         if not index.exists():
             return
-        try:
-            entries = json.loads(index.read_text())
-            if not isinstance(entries, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError) as e:
-            raise AutoPlanError(f"{index}: not a dqn-swap autoplan index ({e})") from None
-        for key, item in entries.items():
+        for key, item in _read_index(index).items():
             try:
-                trace = Trace.load(self.cache / item["trace"])
-                plan = Plan.load(self.cache / item["plan"], trace)
+                names = [item["trace"], item["plan"]]
+                if not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+                    raise TypeError("the trace and plan must be file names in the index's folder")
+                trace = Trace.load(self.cache / names[0])
+                plan = Plan.load(self.cache / names[1], trace)
             except (KeyError, TypeError) as e:
                 raise AutoPlanError(f"{index}: entry {key!r} is malformed ({e})") from None
             self.entries[key] = Entry(key, str(item.get("signature", key)), trace, plan)
@@ -698,7 +706,7 @@ class AutoPlan:
         if not (folder / names["plan"]).exists():
             entry.plan.save(folder / names["plan"])
         index = folder / "index.json"
-        current = json.loads(index.read_text()) if index.exists() else {}
+        current = _read_index(index) if index.exists() else {}
         if entry.key not in current:
             current[entry.key] = names
             write_atomically(index, (json.dumps(current, indent=1) + "\n").encode(), overwrite=True)

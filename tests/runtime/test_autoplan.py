@@ -222,6 +222,24 @@ def test_plans_saved_and_given_back_start_planned(tmp_path: Path) -> None:
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing rewritten
 
 
+@pytest.mark.parametrize("index,message", [
+    ("{not json", "not a dqn-swap autoplan index"),
+    ("[1, 2]", "not a dqn-swap autoplan index"),
+    ('{"k": 5}', "not a dqn-swap autoplan index"),
+    ('{"k": {"trace": "t.trace"}}', "entry 'k' is malformed"),
+    ('{"k": {"trace": 5, "plan": "p.json"}}', "entry 'k' is malformed"),
+    ('{"k": {"trace": "../t.trace", "plan": "p.json"}}', "file names in the index's folder"),
+    ('{"k": {"trace": "/etc/hostname", "plan": "p.json"}}', "file names in the index's folder"),
+])
+def test_a_bad_cache_index_gets_one_line(tmp_path: Path, index: str, message: str) -> None:
+    """A cache folder's index that is not what autoplan writes, or that names files outside the
+    folder, is refused with one line before any step runs."""
+    (tmp_path / "index.json").write_text(index)
+    with pytest.raises(AutoPlanError, match=message) as info:
+        autoplan(fresh(), "40%", planner="lru", cache=tmp_path, verbose=False)
+    assert "\n" not in str(info.value)
+
+
 def test_save_then_start_planned_from_the_folder(tmp_path: Path) -> None:
     data = batches(4)
     _, _, planned, _ = run(fresh(), data, {"memory_limit": "40%", "planner": "lru"})
