@@ -150,6 +150,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["record", "--model", "resnet_tiny", "--device", "tpu", "-o", "x.trace"], "--device"),
     # limits
     (["simulate", TRACE, "-m", "0.5"], "memory limit 0.5 is ambiguous"),
+    (["simulate", TRACE, "-m", "-5%"], "a percentage limit must be between 0%"),  # not "expected one argument"
+    (["simulate", TRACE, "--memory-limit", "-1GiB"], "a memory limit must be positive, not -1GiB"),
     (["simulate", TRACE, "-m", "150%"], "between 0%"),
     (["simulate", TRACE, "-m", "1"], "memory limit 1 is ambiguous"),
     (["simulate", TRACE, "-m", "16B"], "below the minimum"),
@@ -188,6 +190,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["compare", TRACE, "-o", TRACE], "t.trace: is a file"),
     # train and finetune
     (["train", TRACE, "-m", "0.5", "-o", "a.pt"], "ambiguous"),
+    (["train", TRACE, "-m", "-5%,50%", "-o", "a.pt"], "a percentage limit must be between 0%"),
     (["train", TRACE, "-m", "50%", "--set", "learning_rate=abc", "-o", "a.pt"], "learning_rate"),
     (["train", TRACE, "-m", "50%", "--set", "T=0", "-o", "a.pt"], "DQN setting T"),
     (["train", TRACE, "-m", "50%", "--set", "nosuch=1", "-o", "a.pt"], "nosuch"),

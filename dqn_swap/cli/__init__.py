@@ -9,6 +9,7 @@ status 2; nothing they saved is overwritten without ``--force``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
@@ -46,8 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value may start with a minus sign that argparse would take for an option.
+_SIGNED_VALUES = ("-m", "--memory-limit", "--memory-limits")
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``-m -5%`` as ``-m-5%``: argparse reads ``-5%`` as an unknown option and says "expected one
+    argument"; attached, the value reaches the limit's own check, which says what a limit may be."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in _SIGNED_VALUES and i + 1 < len(argv) and re.match(r"-[\d.]", argv[i + 1]):
+            out.append(tok + ("=" if tok.startswith("--") else "") + argv[i + 1])
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error already printed on one line
