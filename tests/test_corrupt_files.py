@@ -67,11 +67,16 @@ def test_a_damaged_trace_loads_or_gives_one_line(trace_file: Path, tmp_path: Pat
     assert seen["refused"] > 100  # most damage is caught (the rest hits values a trace may hold)
 
 
-def test_a_damaged_agent_file_loads_or_gives_one_line(tmp_path: Path) -> None:
-    from dqn_swap.agents.dqn import load_agent
+@pytest.mark.filterwarnings("error::UserWarning")  # a warning torch prints before failing is an escape too
+@pytest.mark.parametrize("name", ["default.pt", "ensemble_groups.pt"])
+def test_a_damaged_agent_file_loads_or_gives_one_line(tmp_path: Path, name: str) -> None:
+    from dqn_swap.agents import get_planner
     from dqn_swap.agents.dqn.agent_file import AgentFileError
 
-    data, rng = (ROOT / "checkpoints" / "default.pt").read_bytes(), random.Random(0)
+    def load_agent(path: Path) -> None:  # an agent or ensemble file, as the planner reads it
+        get_planner("dqn", agent=str(path))
+
+    data, rng = (ROOT / "checkpoints" / name).read_bytes(), random.Random(0)
     # the zip's local headers and pickled records lie at the start, its directory at the end
     where = [lambda n: rng.randrange(min(n, 4096)), lambda n: n - 1 - rng.randrange(min(n, 4096)), None]
     seen: dict[str, int] = {}
@@ -154,3 +159,17 @@ def test_a_trace_whose_array_claims_a_huge_size_gives_one_line(trace_file: Path,
     with pytest.raises(TraceError, match="huge.trace: corrupt trace file, or one too large") as info:
         Trace.load(path)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_torchs_warning_on_a_damaged_protocol_byte_does_not_reach_the_user(tmp_path: Path) -> None:
+    """A flipped pickle protocol byte makes torch warn ("Detected pickle protocol 93") before it reads
+    the file; the agent loader says what is wrong in its own line, or loads, without that warning."""
+    from dqn_swap.agents.dqn import load_agent
+
+    data = bytearray((ROOT / "checkpoints" / "default.pt").read_bytes())
+    proto = data.index(b"\x80\x02", data.index(b"data.pkl"))  # PROTO 2, the first opcode of the pickle
+    data[proto + 1] = 93
+    path = tmp_path / "proto.pt"
+    path.write_bytes(bytes(data))
+    load_agent(path)  # the records are sound: it loads

@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,11 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     if special:
         raise AgentFileError(special)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # a damaged file can make torch warn of an unusual pickle protocol before it fails; the
+            # failure is said in one line below, and a sound file raises no warning
+            warnings.simplefilter("ignore", UserWarning)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise AgentFileError(f"{path}: no such file (shipped agents: {', '.join(shipped.names())})") from None
     except IsADirectoryError:
