@@ -84,6 +84,9 @@ CATALOG: tuple[Entry, ...] = (
     Entry("generalization_test_trainval", "Ensembles of agents trained on the training and validation families "
           "together, against as many of the shipped ensemble's agents, on the test families in one pass "
           "(benchmarks/ablation_trainval.sh)", "expert"),
+    Entry("ensemble_value_gate", "The shipped ensemble's member chosen in one pass by its own value of the first "
+          "state, against the mean and decoding by members, on the validation families "
+          "(benchmarks/ablation_value_gate.py)", "expert"),
     Entry("dqn_grid_train8", "The grid planned in one pass by eight of checkpoints/ensemble.pt's agents "
           "(benchmarks/ablation_trainval.sh)"),
     Entry("dqn_grid_trainval8", "The grid planned in one pass by eight agents trained on the training and "
@@ -426,7 +429,7 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "validation": s_generalization("generalization_validation_polish"),
     "expert": s_mds("generalization_validation_ablation", "generalization_test_ablation",
                     "generalization_validation_joint", "generalization_test_joint",
-                    "generalization_test_trainval"),
+                    "generalization_test_trainval", "ensemble_value_gate"),
     "ceiling": s_md("env_ceiling"), "table1": s_table1, "ablation": s_ablation,
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
