@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated planners ({', '.join(registered())}) or 'all' (every one but the "
                         "simple rules)")
     p.add_argument("--agent", help=f"for the dqn planners: {AGENT_HELP}")
-    p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
+    p.add_argument("--time-limit", type=seconds, default=None, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")
     p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
@@ -315,6 +315,10 @@ def run(args: argparse.Namespace) -> int:
     planners = planner_names(args.planners)
     if not planners:
         raise ValueError("--planners is empty; name some (for example greedy,lru,dqn) or all")
+    from .simulate_cmd import check_settings_apply
+
+    check_settings_apply(planners, agent=args.agent, time_limit=args.time_limit,
+                         search_simulations=args.search_simulations, search_seconds=args.search_seconds)
     limits = [s.strip() for s in args.memory_limits.split(",") if s.strip()]
     if not limits:
         raise ValueError("--memory-limits is empty (for example 90%,70%,50%,30%)")

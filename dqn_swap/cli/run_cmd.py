@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     if not run_methods:
         raise ValueError("--methods is empty; choose from " + ", ".join(METHOD_NAMES))
     max_batch = methods(args.max_batch, "--max-batch")
+    if args.max_batch.strip() and not max_batch:
+        raise ValueError("--max-batch is empty; choose from " + ", ".join(METHOD_NAMES))
     plan = trace = None
     if args.plan is not None:
         from ..plan import Plan
@@ -147,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         args.memory_limit = plan.memory_limit
     MemoryLimit.parse(args.memory_limit)  # syntax errors now, not after recording and training
     if args.budget is not None:
+        if not max_batch:
+            raise ValueError("--budget is the memory budget of --max-batch, which is not given")
         MemoryLimit.parse(args.budget)
     if args.profile is not None and args.profile != "measured" and args.profile not in PROFILES:
         raise ValueError(f"unknown device profile {args.profile!r}; choose one of: measured, {', '.join(PROFILES)}")
@@ -157,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         from dqn_swap.agents import get_planner
 
         get_planner(args.planner, agent=args.agent)  # unknown names and unreadable agent files fail now
+        from .simulate_cmd import check_settings_apply
+
+        check_settings_apply([args.planner], agent=args.agent)
 
     def say(message: str) -> None:
         if not args.quiet:

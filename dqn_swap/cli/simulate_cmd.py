@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 
 from ..cost import PROFILES
 from .common import (AGENT_HELP, SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, human, load_trace, print_json, print_table,
@@ -37,7 +38,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "finds fastest (one greedy pass per agent, no search)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
-    p.add_argument("--time-limit", type=seconds, default=600.0, metavar="SECONDS",
+    p.add_argument("--time-limit", type=seconds, default=None, metavar="SECONDS",
                    help="--planner optimal: stop the solver after this many seconds and report the plan "
                         "found and its certified gap (default 600)")
     p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
@@ -88,6 +89,25 @@ def planner_settings(planner_name: str, decode: str = "auto", time_limit: float 
     return {}
 
 
+def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, members: list[str] | None = None,
+                         decode: str = "auto", time_limit: float | None = None,
+                         search_simulations: int | None = None, search_seconds: float | None = None) -> None:
+    """Refuse, in one line, an option none of ``planners`` reads (``--agent`` with ``--planner greedy``
+    would otherwise be ignored, and the user left believing the agent planned)."""
+    from ..planners import planner_entry, planner_names
+
+    agent_readers = [n for n in planner_names() if planner_entry(n).takes_agent]
+    readers = {"--agent": (agent_readers, agent is not None), "--members": (["dqn"], members is not None),
+               "--decode": (["dqn"], decode != "auto"), "--time-limit": (["optimal"], time_limit is not None),
+               "--search-simulations": (["dqn-search"], search_simulations is not None),
+               "--search-seconds": (["dqn-search"], search_seconds is not None)}
+    for option, (who, given) in readers.items():
+        if given and not set(who) & set(planners):
+            chosen = (f"--planner {planners[0]} does not read it" if len(planners) == 1
+                      else f"none of the planners chosen ({', '.join(planners)}) reads it")
+            raise ValueError(f"{option} is read by {', '.join(who)} only, and {chosen}")
+
+
 def certified(plan) -> dict:  # noqa: ANN001
     """The optimal planner's certified bound and gap, as figures (empty for other planners)."""
     s = plan.settings
@@ -108,6 +128,8 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
 
     if limit_text is None:
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
+    check_settings_apply([planner_name], agent=agent, members=members, decode=decode, time_limit=time_limit,
+                         search_simulations=search_simulations, search_seconds=search_seconds)
     limit = resolve_memory_limit(trace, limit_text)
     say_outside(trace, limit_text, limit)
     profile = profile_of(trace, profile_name)
