@@ -193,6 +193,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["simulate", TRACE, "-m", "50%", "--planner", "greedy", "--agent", AGENT],
      "--agent is read by dqn, dqn-search, optimal only, and --planner greedy does not read it"),
     (["simulate", TRACE, "-m", "50%", "--planner", "lru", "--members"], "--members is read by dqn only"),
+    (["simulate", TRACE, "--plan", PLAN, "--planner", "lru"], "--planner does not go with --plan"),
+    (["simulate", TRACE, "--plan", PLAN, "--agent", AGENT], "--agent does not go with --plan"),
     (["plan", TRACE, "-m", "50%", "--planner", "lru", "--decode", "cover", "-o", "q.json"], "--decode is read by dqn"),
     (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--search-seconds", "5", "-o", "q.json"],
      "--search-seconds is read by dqn-search only"),

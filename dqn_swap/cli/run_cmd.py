@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
                     raise ValueError(f"{args.trace}: a trace of {key.replace('_', ' ')} {trace.meta[key]}, not "
                                      f"{value} (--{key.replace('_', '-')})")
             plan.check_trace(trace, args.plan)
+            from ..simulator import verify_plan
+
+            verify_plan(trace, plan, args.plan)  # an edited schedule is refused now, not after the unplanned runs
         elif on_cuda:
             raise ValueError(f"--plan {args.plan} on CUDA needs --trace FILE, the trace it was made for: a "
                              "recording on CUDA measures op times anew, so it never matches the plan's trace")

@@ -23,7 +23,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
-    p.add_argument("--planner", default="dqn",
+    p.add_argument("--planner", default=None,
                    help=f"who plans (default dqn, the shipped agent): {planner_help()}")
     p.add_argument("--agent", help=f"for --planner dqn / dqn-search: {AGENT_HELP}")
     p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
@@ -128,6 +128,7 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
 
     if limit_text is None:
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
+    planner_name = planner_name or "dqn"
     check_settings_apply([planner_name], agent=agent, members=members, decode=decode, time_limit=time_limit,
                          search_simulations=search_simulations, search_seconds=search_seconds)
     limit = resolve_memory_limit(trace, limit_text)
@@ -168,6 +169,14 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     trace = load_trace(args.trace)
     if args.plan:
+        for option, given in (("--planner", args.planner is not None), ("--agent", args.agent is not None),
+                              ("--members", args.members is not None), ("--decode", args.decode != "auto"),
+                              ("--time-limit", args.time_limit is not None),
+                              ("--search-simulations", args.search_simulations is not None),
+                              ("--search-seconds", args.search_seconds is not None)):
+            if given:
+                raise ValueError(f"{option} does not go with --plan: the plan is made already, and its actions "
+                                 "are what is simulated")
         plan = Plan.load(args.plan, trace)
         limit = resolve_memory_limit(trace, args.memory_limit) if args.memory_limit else plan.memory_limit
         if args.memory_limit:

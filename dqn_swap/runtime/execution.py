@@ -808,7 +808,10 @@ class PlannedExecution:
         prefetch: issue prefetches ahead of reuse (otherwise every copy back is on demand).
         track_storages: keep weak references to every removed storage in
             ``stats.source_refs`` (tests check they were freed).
-        check_plan: check the plan against the trace first.
+        check_plan: check the plan against the trace first, and simulate it: a plan the simulator
+            finds infeasible, or whose schedule is not the one the simulator makes for its actions
+            (a file edited by hand), is refused whatever its own figures say.  Off, the plan is
+            followed as it is (tests force hand-written schedules this way).
         allow_infeasible: follow a plan the simulator found infeasible (``plan.figures["feasible"]``
             false); without it such a plan is refused (:class:`InfeasiblePlanError`).
 
@@ -841,10 +844,15 @@ class PlannedExecution:
         expect(plan, Plan, "plan")
         expect(trace, Trace, "trace")
         refuse_unsupported(model)
+        verdict = plan.figures
         if check_plan:
             plan.check_trace(trace)
-        if plan.figures.get("feasible") is False and not allow_infeasible:
-            stuck = plan.figures.get("infeasible")
+            # A plan's figures and schedule are what its file says; the simulator says what they are.
+            from ..simulator import verify_plan
+
+            verdict = verify_plan(trace, plan).figures()
+        if verdict.get("feasible") is False and not allow_infeasible:
+            stuck = verdict.get("infeasible")
             where = ""
             if isinstance(stuck, dict) and isinstance(stuck.get("op"), int) and 0 <= stuck["op"] < trace.n_ops:
                 needed, available = stuck.get("needed"), stuck.get("available")

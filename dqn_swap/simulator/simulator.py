@@ -373,6 +373,22 @@ def schedule_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None = None
     return plan.with_schedule(result.schedule)
 
 
+def verify_plan(trace: Trace, plan: Plan, where: str | None = None) -> SimResult:
+    """Simulate ``plan``, made for ``trace``, and check what its file can only claim: returns the
+    simulation (whose ``feasible`` is the truth, whatever ``plan.figures`` says); raises
+    :class:`~dqn_swap.plan.PlanError` (one line) if the plan carries a schedule other than the one the
+    simulator makes for its actions, limit and profile -- a file edited by hand, or made by another
+    version -- since the runtime follows the schedule with memory no simulation checked."""
+    from ..plan import PlanError
+
+    result = simulate(trace, plan)
+    if plan.schedule is not None and result.feasible and result.schedule != plan.schedule:
+        raise PlanError(f"{where or f'the plan of planner {plan.planner!r}'}: its schedule (prefetches and re-runs) "
+                        "is not the one the simulator makes for its actions, limit and profile: an edited file, "
+                        "or one made by another version of dqn-swap; re-plan with dqn-swap plan")
+    return result
+
+
 def swap_out_releases(trace: Trace, plan: Plan, profile: DeviceProfile | None = None) -> dict[int, int]:
     """Per swapped tensor of ``plan`` (scheduled, for ``trace``), the op from which the simulation
     counts its device bytes as free: the first op to start at or after its copy to the host ended

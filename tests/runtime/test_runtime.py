@@ -117,7 +117,7 @@ def test_a_persistent_tensor_is_re_read_as_the_forward_pass_read_it() -> None:
     n = int(trace.action_window[1][product])
     plan = Plan((Action(event, product, ActionKind.RECOMPUTE),), trace.peak_bytes, trace.fingerprint, "", "forced",
                 schedule=Schedule(recompute=((n, (RecomputeStep(mul, (product,)),)),)))
-    assert_same_training(name, train(name, plan))
+    assert_same_training(name, train(name, plan, check_plan=False))  # the simulator would refuse it
 
 
 def test_a_parameter_changed_between_forward_and_backward_is_refused() -> None:

@@ -13,6 +13,7 @@ still read.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from dqn_swap.plan import ActionKind
+from dqn_swap.plan import ActionKind, Plan, PlanError
 from dqn_swap.recorder import record_trace
 from dqn_swap.planners import manual_plan, saved_activations
 from dqn_swap.runtime import PlannedExecution, TraceMismatchError
@@ -212,6 +213,37 @@ def test_an_infeasible_plan_is_refused_unless_asked_for_by_name(recorded: Trace)
         ref_opt.zero_grad()
     assert rt.stats is not None and rt.stats.swapped >= 1
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+
+
+def test_a_plan_file_edited_to_look_feasible_is_refused(recorded: Trace, tmp_path) -> None:  # noqa: ANN001
+    """The figures a plan file carries are its own word: set ``feasible`` to true by hand, the runtime
+    still refuses the plan, because the simulator finds it cannot run under its limit."""
+    plan = manual_plan(recorded, swap=saved_activations(recorded), memory_limit=1024)
+    data = plan.to_json()
+    data["figures"]["feasible"], data["figures"]["infeasible"] = True, None
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    edited = Plan.load(path, recorded)
+    assert edited.figures["feasible"] is True
+    with pytest.raises(InfeasiblePlanError, match="allow_infeasible=True") as info:
+        PlannedExecution(mlp(), edited, recorded)
+    assert "\n" not in str(info.value)
+
+
+def test_a_plan_file_whose_schedule_was_edited_is_refused(recorded: Trace, tmp_path) -> None:  # noqa: ANN001
+    """A prefetch moved by hand in the file: the runtime would follow a schedule whose memory the
+    simulator never checked; it says so in one line instead."""
+    plan = manual_plan(recorded, swap=saved_activations(recorded))
+    assert plan.schedule is not None and plan.schedule.prefetch
+    data = plan.to_json()
+    tid, op = data["schedule"]["prefetch"][0]
+    data["schedule"]["prefetch"][0] = [tid, op + 1 if op + 1 < recorded.n_ops else op - 1]
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="its schedule .* is not the one the simulator makes") as info:
+        PlannedExecution(mlp(), Plan.load(path, recorded), recorded)
+    assert "\n" not in str(info.value)
+    PlannedExecution(mlp(), plan, recorded)  # the plan as made is accepted
 
 
 # --------------------------------------------------------------------------- inputs the loop reads
