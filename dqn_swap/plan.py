@@ -213,7 +213,7 @@ class Plan:
             d = json.loads(path.read_text())
         except FileNotFoundError:
             raise PlanError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: [[[[...
             raise PlanError(f"{path}: corrupt plan file ({type(e).__name__}: {e})") from None
         plan = cls.from_json(d, str(path))
         if trace is not None:

@@ -110,7 +110,7 @@ def _read_index(index: Path) -> dict[str, Any]:
         entries = json.loads(index.read_text())
         if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
             raise ValueError("not an object of entries")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested past what json reads
         raise AutoPlanError(f"{index}: not a dqn-swap autoplan index ({e})") from None
     return entries
 

@@ -83,3 +83,11 @@ def test_a_schedule_that_does_not_fit_the_trace_is_refused() -> None:
     missing = plan.with_schedule(Schedule(prefetch=plan.schedule.prefetch))
     with pytest.raises(PlanError, match="does not re-create"):
         missing.check_trace(trace)
+
+
+def test_a_plan_file_nested_past_what_json_reads_gives_one_line(tmp_path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(PlanError, match="deep.json: corrupt plan file") as info:
+        Plan.load(path)
+    assert "\n" not in str(info.value)

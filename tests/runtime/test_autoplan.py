@@ -224,6 +224,7 @@ def test_plans_saved_and_given_back_start_planned(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("index,message", [
     ("{not json", "not a dqn-swap autoplan index"),
+    ("[" * 200_000 + "]" * 200_000, "not a dqn-swap autoplan index"),
     ("[1, 2]", "not a dqn-swap autoplan index"),
     ('{"k": 5}', "not a dqn-swap autoplan index"),
     ('{"k": {"trace": "t.trace"}}', "entry 'k' is malformed"),
