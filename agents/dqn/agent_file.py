@@ -214,6 +214,11 @@ def load_ensemble(paths: "list[str | os.PathLike[str]]") -> tuple[QEnsemble, DQN
     return QEnsemble(nets).eval(), _ensemble_config(configs), objs
 
 
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def _ensemble_config(configs: list[DQNConfig]) -> DQNConfig:
     """The config an ensemble plans with: the first agent's, with the observation's ``swap_slack``
     column computed when any member reads it."""
@@ -223,8 +228,15 @@ def _ensemble_config(configs: list[DQNConfig]) -> DQNConfig:
 def save_ensemble(path: str | os.PathLike[str], agents: "list[str | os.PathLike[str]]", *,
                   overwrite: bool = False) -> Path:
     """Write the ensemble of two or more agent files of one environment as one file (the module
-    docstring); raises :class:`AgentFileError` as :func:`load_ensemble` does."""
-    _, _, objs = load_ensemble(agents)
+    docstring); raises :class:`AgentFileError` as :func:`load_ensemble` does, and when two of the
+    files hold the same weights (planning in memory, :class:`QEnsemble` takes copies as the mean of
+    equal Q-values; written to a file, they are a slip)."""
+    net, _, objs = load_ensemble(agents)
+    for i, member in enumerate(net.members):
+        for earlier, other in zip(agents, net.members[:i]):
+            if _same_weights(member, other):  # a file named twice, or a copy: most likely a slip
+                raise AgentFileError(f"{agents[i]}: the same agent as {earlier} (equal weights): an ensemble of "
+                                     "copies plans as the agent alone; name different agents")
     obj = {"format": ENSEMBLE_FORMAT, "version": VERSION, "members": objs,
            "sources": [Path(p).name for p in agents]}
     return _atomic_save(obj, Path(path), overwrite)

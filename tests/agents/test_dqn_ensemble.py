@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,6 +144,12 @@ def test_the_ensemble_command(tmp_path, capsys):
     assert main(["ensemble", a, c, "-o", str(tmp_path / "f.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "c.pt" in err[-1] and "graph" in err[-1] and not (tmp_path / "f.pt").exists()
+    copy = tmp_path / "a_copy.pt"
+    copy.write_bytes(Path(a).read_bytes())
+    for twice in ([a, a], [a, b, str(copy)]):  # a file named twice, or a copy under another name
+        assert main(["ensemble", *twice, "-o", str(tmp_path / "g.pt")]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "the same agent as" in line and "a.pt" in line and not (tmp_path / "g.pt").exists()
 
 
 @pytest.mark.parametrize("config", [{}, {"readout": "sum", "aggr": "sum"}, {"bias": False},
