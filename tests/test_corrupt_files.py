@@ -173,3 +173,29 @@ def test_torchs_warning_on_a_damaged_protocol_byte_does_not_reach_the_user(tmp_p
     path = tmp_path / "proto.pt"
     path.write_bytes(bytes(data))
     load_agent(path)  # the records are sound: it loads
+
+
+class _RunsCode:
+    """Unpickled, it would call ``pathlib.Path.touch`` on its marker: code a hostile file runs."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (Path.touch, (self.marker,))
+
+
+def test_an_agent_file_holding_code_is_refused_without_running_it(tmp_path: Path) -> None:
+    import torch
+
+    from dqn_swap.agents.dqn import load_agent
+    from dqn_swap.agents.dqn.agent_file import AgentFileError
+
+    marker = tmp_path / "ran"
+    path = tmp_path / "hostile.pt"
+    torch.save({"format": "dqn-swap-agent", "state_dict": _RunsCode(marker)}, path)
+    with pytest.raises(AgentFileError, match="hostile.pt: not a dqn-swap agent file: it holds a Python object "
+                                             r"\(pathlib.*touch\) that dqn-swap never loads") as info:
+        load_agent(path)
+    assert "\n" not in str(info.value) and "weights_only" not in str(info.value)
+    assert not marker.exists()

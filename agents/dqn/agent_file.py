@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,14 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     except PermissionError:
         raise AgentFileError(f"{path}: permission denied") from None
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unpickling failed"
-        raise AgentFileError(f"{path}: not a dqn-swap agent file ({first[:120]})") from None
+        # torch's message opens with advice to load with weights_only=False, which would run whatever
+        # code the file holds: say instead what was refused, and why
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if found:
+            raise AgentFileError(f"{path}: not a dqn-swap agent file: it holds a Python object ({found.group(1)}) "
+                                 "that dqn-swap never loads, since loading it could run code") from None
+        raise AgentFileError(f"{path}: not a dqn-swap agent file (not tensors and plain values that torch reads "
+                             "without running code)") from None
     except MemoryError as e:  # a record that claims more bytes than the machine can hold
         raise AgentFileError(f"{path}: corrupt agent file, or one too large for this machine "
                              f"({str(e)[:120]})") from None
