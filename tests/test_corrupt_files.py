@@ -194,8 +194,8 @@ def test_an_agent_file_holding_code_is_refused_without_running_it(tmp_path: Path
     marker = tmp_path / "ran"
     path = tmp_path / "hostile.pt"
     torch.save({"format": "dqn-swap-agent", "state_dict": _RunsCode(marker)}, path)
-    with pytest.raises(AgentFileError, match="hostile.pt: not a dqn-swap agent file: it holds a Python object "
-                                             r"\(pathlib.*touch\) that dqn-swap never loads") as info:
+    with pytest.raises(AgentFileError, match=r"hostile.pt: not a dqn-swap agent file: it holds a Python object "
+                                             r"\([\w.]+\) that dqn-swap never loads") as info:
         load_agent(path)
     assert "\n" not in str(info.value) and "weights_only" not in str(info.value)
     assert not marker.exists()
