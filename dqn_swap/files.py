@@ -45,7 +45,12 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"{path}: directory {folder} does not exist")
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:  # the folder refuses new files (/proc, a read-only mount): one line naming ``path``
+        error = type(e)(f"{path}: cannot be written ({e.strerror or e})")
+        error.errno = e.errno
+        raise error from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:

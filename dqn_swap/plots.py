@@ -35,14 +35,19 @@ def is_our_png(path: Path) -> bool:
         return False
 
 
-def check_output(path: str | os.PathLike[str], force: bool = False) -> Path:
+def check_output(path: str | os.PathLike[str], force: bool = False, png: bool = False) -> Path:
     """Check an output before any work is done: refuse to replace a file the user owns (our own
-    earlier plots may be replaced), a directory, or a place that cannot be written."""
+    earlier plots may be replaced) or a link (even one pointing nowhere), a directory, or a place
+    that cannot be written; with ``png``, a name that does not end in ``.png`` (plots are PNG)."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    if png and path.suffix.lower() != ".png":
+        raise ValueError(f"{path}: plots are written as PNG; name the file .png")
     if path.exists() and not force and not (path.suffix.lower() == ".png" and is_our_png(path)):
         raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
+    if path.is_symlink() and not force:
+        raise FileExistsError(f"{path}: is a link (pass --force to replace the link itself; it is not followed)")
     if not path.parent.exists():
         raise FileNotFoundError(f"{path}: directory {path.parent} does not exist")
     if not os.access(path.parent, os.W_OK):

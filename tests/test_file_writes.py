@@ -157,3 +157,20 @@ def test_the_command_line_never_writes_through_a_planted_link(tmp_path: Path, ca
     assert main(["plan", "t.trace", "-m", "60%", "--planner", "lru", "-o", "p.json", "--force"]) == 0
     assert victim.read_text() == "someone else's file" and not Path("p.json").is_symlink()
     capsys.readouterr()
+    # a plot at a link pointing nowhere (it would be created through a followed link): refused too
+    Path("m.png").symlink_to(tmp_path / "elsewhere.png")
+    assert main(["inspect", "t.trace", "--plot", "m.png"]) == 2
+    assert "m.png: is a link" in capsys.readouterr().err and not (tmp_path / "elsewhere.png").exists()
+    assert main(["inspect", "t.trace", "--plot", "m.png", "--force"]) == 0
+    assert Path("m.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "elsewhere.png").exists()
+    assert main(["inspect", "t.trace", "--plot", "m.jpg"]) == 2
+    assert "m.jpg: plots are written as PNG" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc")
+def test_a_folder_that_refuses_new_files_gives_one_line_naming_the_output() -> None:
+    """The temporary file beside the output cannot be made (/proc takes no new files): the error names
+    the output, not the temporary file's name."""
+    with pytest.raises(OSError, match=r"^/proc/x\.png: cannot be written") as info:
+        write_text(Path("/proc/x.png"), "x")
+    assert ".tmp" not in str(info.value)

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {"trace": args.trace, **trace.summary()}
     if not args.no_plot:
         path = Path(args.plot) if args.plot else Path(args.trace).with_name(Path(args.trace).stem + "-memory.png")
-        memory_plot(trace, check_output(path, args.force))
+        memory_plot(trace, check_output(path, args.force, png=True))
         summary["plot"] = str(path)
     if args.json:
         print_json(summary)

@@ -85,7 +85,7 @@ def check_outputs(args: argparse.Namespace, resume: bool = False) -> Path:
 
     out = check_output(args.output, args.force or resume)
     if args.curve:
-        check_output(args.curve, args.force)
+        check_output(args.curve, args.force, png=True)
     return out
 
 
