@@ -203,6 +203,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     # train and finetune
     (["train", TRACE, "-m", "0.5", "-o", "a.pt"], "ambiguous"),
     (["train", TRACE, "-m", "-5%,50%", "-o", "a.pt"], "a percentage limit must be between 0%"),
+    (["train", TRACE, "-m", "50%", "-o", "a.pt", "--run-name", "../out"], "run name '../out' must be a plain name"),
+    (["train", TRACE, "-m", "50%", "-o", "a.pt", "--log-dir", TRACE], "is a file; the log folder"),
     (["train", TRACE, "-m", "50%", "--set", "learning_rate=abc", "-o", "a.pt"], "learning_rate"),
     (["train", TRACE, "-m", "50%", "--set", "T=0", "-o", "a.pt"], "DQN setting T"),
     (["train", TRACE, "-m", "50%", "--set", "nosuch=1", "-o", "a.pt"], "nosuch"),

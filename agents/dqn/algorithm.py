@@ -214,7 +214,13 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     if out_path.exists() and not overwrite and not resume:
         raise FileExistsError(f"{out_path}: already exists (pass overwrite=True / --force to replace it)")
     run_dir = None
+    if run_name is not None and (not isinstance(run_name, str) or not run_name or Path(run_name).name != run_name
+                                 or run_name in (".", "..")):
+        raise ValueError(f"run name {run_name!r} must be a plain name (no '/', not '..'): the run's logs go in a "
+                         "folder of that name inside the log folder")
     if log_dir is not None:
+        if Path(log_dir).exists() and not Path(log_dir).is_dir():
+            raise NotADirectoryError(f"{log_dir}: is a file; the log folder (--log-dir) must be a folder")
         run_name = run_name or f"{out_path.stem}__s{config.seed}__{int(time.time())}"
         run_dir = Path(log_dir) / run_name
     new_folders = [p for p in (Path(log_dir) if log_dir is not None else None, run_dir) if p is not None
