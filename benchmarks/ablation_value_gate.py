@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import LIMITS, ROOT, publish  # noqa: E402
+from common import LIMITS, ROOT, run_and_publish  # noqa: E402
 
 CORPUS = ROOT / "runs" / "corpus"
 TOLERANCE = 1e-3
@@ -162,13 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json")
     p.add_argument("--md")
     args = p.parse_args(argv)
-    try:
-        result = run(args)
-    except ValueError as e:
-        print(f"ablation_value_gate: {e}", file=sys.stderr)
-        return 2
-    publish(result, markdown(result), args.json, args.md)
-    return 0
+    return run_and_publish("ablation_value_gate", run, markdown, args, errors=(ValueError, OSError))
 
 
 if __name__ == "__main__":

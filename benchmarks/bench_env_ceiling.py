@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generalization import geomean  # noqa: E402
-from common import publish  # noqa: E402
+from common import run_and_publish  # noqa: E402
 
 #: A replay that ends without fitting counts as this ratio in the geometric means.
 UNFIT = 2.0
@@ -127,13 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json")
     p.add_argument("--md")
     args = p.parse_args(argv)
-    try:
-        result = run(args)
-    except (ValueError, OSError) as e:
-        print(f"bench_env_ceiling: {e}", file=sys.stderr)
-        return 2
-    publish(result, markdown(result), args.json, args.md)
-    return 0
+    return run_and_publish("bench_env_ceiling", run, markdown, args, errors=(ValueError, OSError))
 
 
 if __name__ == "__main__":

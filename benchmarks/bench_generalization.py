@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import DEFAULT_AGENT, LIMITS, agent_files, arm_files, pct, provenance, publish, slug, write_json  # noqa: E402
+from common import DEFAULT_AGENT, LIMITS, agent_files, arm_files, pct, provenance, run_and_publish, slug, write_json  # noqa: E402
 from dqn_swap.agents import planner_names  # noqa: E402
 
 CORPUS = ROOT / "runs" / "corpus"
@@ -691,13 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--long-factor must be at least 1, not {args.long_factor}")
     if (args.keep_table or args.best_known_plans) and not args.best_known:
         p.error("--keep-table and --best-known-plans need --best-known")
-    try:
-        result = run(args)
-    except ValueError as e:
-        print(f"bench_generalization: {e}", file=sys.stderr)
-        return 2
-    publish(result, markdown(result), args.json, args.md)
-    return 0
+    return run_and_publish("bench_generalization", run, markdown, args)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,19 @@ def publish(result: dict[str, Any], text: str, json_path: str | Path | None, md_
         write_text(Path(md_path), text, overwrite=True)
 
 
+def run_and_publish(name: str, run: Any, markdown: Any, args: Any,
+                    errors: tuple[type[BaseException], ...] = (ValueError,)) -> int:
+    """A benchmark's ``main`` after parsing: ``run(args)``, then :func:`publish` its result as
+    ``args.json`` and ``args.md``; one of ``errors`` is printed as ``name: message``, exit status 2."""
+    try:
+        result = run(args)
+    except errors as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    publish(result, markdown(result), args.json, args.md)
+    return 0
+
+
 def write_json(obj: dict[str, Any], path: str | Path | None) -> None:
     """Write ``obj`` with :func:`provenance` in front as ``path`` (nothing when ``path`` is empty)."""
     if path:
