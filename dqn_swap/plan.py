@@ -109,16 +109,14 @@ class Schedule:
     def from_json(cls, d: Any) -> "Schedule":
         if not isinstance(d, dict):
             raise TypeError("schedule is not an object")
-
-        ints = _ints
-        prefetch = tuple(ints(pair) for pair in d.get("prefetch", []))
+        prefetch = tuple(_ints(pair) for pair in d.get("prefetch", []))
         if any(len(p) != 2 for p in prefetch):
             raise ValueError("a prefetch entry is not [tensor, op]")
         recompute = []
         for entry in d.get("recompute", []):
             op, steps = entry
-            recompute.append((ints([op])[0], tuple(RecomputeStep(ints([o])[0], ints(k), ints(r))
-                                                   for o, k, r in steps)))
+            recompute.append((_ints([op])[0], tuple(RecomputeStep(_ints([o])[0], _ints(k), _ints(r))
+                                                    for o, k, r in steps)))
         inflight = d.get("max_inflight_d2h_bytes", 0)
         if isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 0:
             raise ValueError(f"max_inflight_d2h_bytes must be a non-negative integer, not {inflight!r}")

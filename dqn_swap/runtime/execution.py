@@ -812,8 +812,9 @@ class PlannedExecution:
             finds infeasible, or whose schedule is not the one the simulator makes for its actions
             (a file edited by hand), is refused whatever its own figures say.  Off, the plan is
             followed as it is (tests force hand-written schedules this way).
-        allow_infeasible: follow a plan the simulator found infeasible (``plan.figures["feasible"]``
-            false); without it such a plan is refused (:class:`InfeasiblePlanError`).
+        allow_infeasible: follow a plan the simulator finds infeasible (with ``check_plan`` off, one
+            whose ``plan.figures["feasible"]`` is false); without it such a plan is refused
+            (:class:`InfeasiblePlanError`).
 
     Every iteration is checked against the trace as it runs: at every pack of a saved tensor
     (the ``k``-th is ``trace.saved[k]``) its shape, dtype and storage size must be what the
