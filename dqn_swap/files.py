@@ -122,4 +122,41 @@ def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
     return f"{path}: is {kind}, not a regular file"
 
 
-__all__ = ["not_a_regular_file", "save_figure", "write_atomically", "write_text"]
+def kind_of_file(path: str | os.PathLike[str]) -> str | None:
+    """Which of dqn-swap's files ``path`` looks like, read from its first bytes and, for a zip, its
+    names: ``"trace"`` (an .npz with ``meta.npy``), ``"agent"`` (torch's zip, ``*/data.pkl``),
+    ``"plan"`` (JSON naming the plan format), or ``None``.  A loader that fails names what the file
+    is instead (``p.json: a plan file (dqn-swap plan), not a trace file``): the commonest slip is
+    one file given where another is meant."""
+    import zipfile
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        if head.startswith(b"PK\x03\x04"):
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+            if "meta.npy" in names:
+                return "trace"
+            return "agent" if any(n.endswith("/data.pkl") for n in names) else None
+        return "plan" if head.lstrip().startswith(b"{") and b'"dqn-swap-plan"' in head else None
+    except Exception:  # noqa: BLE001: a guess for an error line; a damaged archive fails in many ways
+        return None
+
+
+#: How the error lines name each kind of file.
+FILE_KINDS = {"trace": "a trace file (dqn-swap record)", "agent": "an agent file (dqn-swap train)",
+              "plan": "a plan file (dqn-swap plan)"}
+
+
+def other_kind(path: str | os.PathLike[str], expected: str) -> str | None:
+    """``"PATH: a plan file (dqn-swap plan), not a trace file"`` when ``path`` is one of dqn-swap's
+    files of another kind than ``expected`` (a key of :data:`FILE_KINDS`); else ``None``."""
+    kind = kind_of_file(path)
+    if kind is None or kind == expected:
+        return None
+    return f"{path}: {FILE_KINDS[kind]}, not {FILE_KINDS[expected].split(' (')[0]}"
+
+
+__all__ = ["FILE_KINDS", "kind_of_file", "not_a_regular_file", "other_kind", "save_figure", "write_atomically",
+           "write_text"]

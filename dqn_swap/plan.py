@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
-from .files import not_a_regular_file, write_atomically
+from .files import not_a_regular_file, other_kind, write_atomically
 from .units import MAX_BYTES
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class Plan:
         except FileNotFoundError:
             raise PlanError(f"{path}: no such file") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: [[[[...
-            raise PlanError(f"{path}: corrupt plan file ({type(e).__name__}: {e})") from None
+            raise PlanError(other_kind(path, "plan") or f"{path}: corrupt plan file ({type(e).__name__}: {e})") from None
         plan = cls.from_json(d, str(path))
         if trace is not None:
             plan.check_trace(trace, str(path))

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from .files import not_a_regular_file, write_atomically
+from .files import not_a_regular_file, other_kind, write_atomically
 # Sizes (dqn_swap.units) are re-exported here too: the simulator, the runtime and users' code import them from here.
 from .units import MAX_BYTES, format_bytes, parse_bytes  # noqa: F401
 
@@ -584,10 +584,11 @@ class Trace:
             with open(path, "rb") as f:
                 magic = f.read(4)
             if magic != b"PK\x03\x04":  # every .npz is a zip archive
-                raise TraceError(f"{path}: not a dqn-swap trace file" + (" (empty file)" if not magic else ""))
+                raise TraceError(other_kind(path, "trace") or f"{path}: not a dqn-swap trace file"
+                                 + (" (empty file)" if not magic else ""))
             with np.load(path, allow_pickle=False) as z:
                 if "meta" not in z.files:
-                    raise TraceError(f"{path}: not a dqn-swap trace (no metadata)")
+                    raise TraceError(other_kind(path, "trace") or f"{path}: not a dqn-swap trace (no metadata)")
                 meta = json.loads(bytes(z["meta"]).decode("utf-8"))
                 if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                     raise TraceError(f"{path}: not a dqn-swap trace")

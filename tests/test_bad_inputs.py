@@ -214,6 +214,13 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["train", "missing.trace", "-m", "50%", "-o", "a.pt"], "missing.trace"),
     (["finetune", TRACE, "--from", "missing.pt", "-o", "a.pt"], "missing.pt"),
     (["finetune", TRACE, "--from", "nan.pt", "-o", "a.pt"], "nan.pt: corrupt agent file"),
+    # one of dqn-swap's files given where another kind is meant: the line names what it is
+    (["finetune", TRACE, "--from", TRACE, "-o", "a.pt"], "t.trace: a trace file (dqn-swap record), not an agent file"),
+    (["inspect", AGENT], "agent.pt: an agent file (dqn-swap train), not a trace file"),
+    (["inspect", PLAN], "p.json: a plan file (dqn-swap plan), not a trace file"),
+    (["simulate", TRACE, "--plan", TRACE], "t.trace: a trace file (dqn-swap record), not a plan file"),
+    (["simulate", TRACE, "--plan", AGENT], "agent.pt: an agent file (dqn-swap train), not a plan file"),
+    (["plan", TRACE, "-m", "50%", "--agent", PLAN, "-o", "q.json"], "p.json: a plan file (dqn-swap plan), not an agent file"),
     (["finetune", TRACE, "--from", "text.pt", "-o", "a.pt"], "text.pt"),
     # run
     (["run", "--model", "mlp_tiny", "-m", "infx", "--device", "cpu"], "not a finite number"),

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from dqn_swap import checkpoints as shipped
-from dqn_swap.files import not_a_regular_file, write_atomically
+from dqn_swap.files import not_a_regular_file, other_kind, write_atomically
 
 from .config import DQNConfig
 from .policy import QEnsemble, QNetwork
@@ -94,6 +94,9 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         # torch's message opens with advice to load with weights_only=False, which would run whatever
         # code the file holds: say instead what was refused, and why
+        other = other_kind(path, "agent")
+        if other:
+            raise AgentFileError(other) from None
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
         if found:
             raise AgentFileError(f"{path}: not a dqn-swap agent file: it holds a Python object ({found.group(1)}) "
@@ -107,6 +110,9 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
         # A damaged file fails in many ways inside torch.load (a bad zip entry, a record of the
         # weights-only unpickler that does not fit its stack, ...): any failure to decode it is the
         # file's, and gets one line.
+        other = other_kind(path, "agent")
+        if other:
+            raise AgentFileError(other) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AgentFileError(f"{path}: corrupt or truncated agent file ({first[:120]})") from None
     if not isinstance(obj, dict) or obj.get("format") not in ((fmt,) if isinstance(fmt, str) else fmt):
