@@ -122,6 +122,12 @@ def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
     return f"{path}: is {kind}, not a regular file"
 
 
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` names a file or folder *inside* a folder: a non-empty string with no
+    separator, not ``.`` or ``..`` (a name read from a file or an option that is joined to a folder)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
+
+
 def kind_of_file(path: str | os.PathLike[str]) -> str | None:
     """Which of dqn-swap's files ``path`` looks like, read from its first bytes and, for a zip, its
     names: ``"trace"`` (an .npz with ``meta.npy``), ``"agent"`` (torch's zip, ``*/data.pkl``),
@@ -158,5 +164,5 @@ def other_kind(path: str | os.PathLike[str], expected: str) -> str | None:
     return f"{path}: {FILE_KINDS[kind]}, not {FILE_KINDS[expected].split(' (')[0]}"
 
 
-__all__ = ["FILE_KINDS", "kind_of_file", "not_a_regular_file", "other_kind", "save_figure", "write_atomically",
+__all__ = ["FILE_KINDS", "is_plain_name", "kind_of_file", "not_a_regular_file", "other_kind", "save_figure", "write_atomically",
            "write_text"]

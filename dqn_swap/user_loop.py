@@ -75,7 +75,7 @@ from torch.utils._pytree import tree_flatten_with_path
 from torch.utils.module_tracker import ModuleTracker
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
-from .files import write_atomically
+from .files import is_plain_name, write_atomically
 from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
@@ -686,7 +686,7 @@ class AutoPlan:
         for key, item in _read_index(index).items():
             try:
                 names = [item["trace"], item["plan"]]
-                if not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+                if not all(is_plain_name(n) for n in names):
                     raise TypeError("the trace and plan must be file names in the index's folder")
                 trace = Trace.load(self.cache / names[0])
                 plan = Plan.load(self.cache / names[1], trace)

@@ -75,6 +75,28 @@ def _weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
 
 
+def _why_unreadable(path: Path, e: Exception) -> str:
+    """One line for a file ``torch.load`` failed on: another of dqn-swap's files; code the
+    weights-only unpickler refused (torch's own message opens with advice to load with
+    ``weights_only=False``, which would run it); a record claiming more memory than there is; or
+    damage, which fails in many ways inside torch.load (a bad zip entry, a record that does not fit
+    the unpickler's stack, ...)."""
+    other = other_kind(path, "agent")
+    if other:
+        return other
+    if isinstance(e, pickle.UnpicklingError):
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if found:
+            return (f"{path}: not a dqn-swap agent file: it holds a Python object ({found.group(1)}) that "
+                    "dqn-swap never loads, since loading it could run code")
+        return (f"{path}: not a dqn-swap agent file (not tensors and plain values that torch reads without "
+                "running code)")
+    if isinstance(e, MemoryError):
+        return f"{path}: corrupt agent file, or one too large for this machine ({str(e)[:120]})"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{path}: corrupt or truncated agent file ({first[:120]})"
+
+
 def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     special = not_a_regular_file(path)
     if special:
@@ -91,30 +113,8 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
         raise AgentFileError(f"{path}: is a directory, not an agent file") from None
     except PermissionError:
         raise AgentFileError(f"{path}: permission denied") from None
-    except pickle.UnpicklingError as e:
-        # torch's message opens with advice to load with weights_only=False, which would run whatever
-        # code the file holds: say instead what was refused, and why
-        other = other_kind(path, "agent")
-        if other:
-            raise AgentFileError(other) from None
-        found = re.search(r"GLOBAL ([\w.]+)", str(e))
-        if found:
-            raise AgentFileError(f"{path}: not a dqn-swap agent file: it holds a Python object ({found.group(1)}) "
-                                 "that dqn-swap never loads, since loading it could run code") from None
-        raise AgentFileError(f"{path}: not a dqn-swap agent file (not tensors and plain values that torch reads "
-                             "without running code)") from None
-    except MemoryError as e:  # a record that claims more bytes than the machine can hold
-        raise AgentFileError(f"{path}: corrupt agent file, or one too large for this machine "
-                             f"({str(e)[:120]})") from None
-    except Exception as e:  # noqa: BLE001
-        # A damaged file fails in many ways inside torch.load (a bad zip entry, a record of the
-        # weights-only unpickler that does not fit its stack, ...): any failure to decode it is the
-        # file's, and gets one line.
-        other = other_kind(path, "agent")
-        if other:
-            raise AgentFileError(other) from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AgentFileError(f"{path}: corrupt or truncated agent file ({first[:120]})") from None
+    except Exception as e:  # noqa: BLE001: any failure to decode the file is the file's, said in one line
+        raise AgentFileError(_why_unreadable(path, e)) from None
     if not isinstance(obj, dict) or obj.get("format") not in ((fmt,) if isinstance(fmt, str) else fmt):
         raise AgentFileError(f"{path}: not a dqn-swap agent file")
     if obj.get("version") != VERSION:

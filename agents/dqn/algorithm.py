@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dqn_swap.cost import DeviceProfile
+from dqn_swap.files import is_plain_name
 from dqn_swap.trace import Trace
 from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
@@ -214,8 +215,7 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     if out_path.exists() and not overwrite and not resume:
         raise FileExistsError(f"{out_path}: already exists (pass overwrite=True / --force to replace it)")
     run_dir = None
-    if run_name is not None and (not isinstance(run_name, str) or not run_name or Path(run_name).name != run_name
-                                 or run_name in (".", "..")):
+    if run_name is not None and not is_plain_name(run_name):
         raise ValueError(f"run name {run_name!r} must be a plain name (no '/', not '..'): the run's logs go in a "
                          "folder of that name inside the log folder")
     if log_dir is not None:

@@ -89,6 +89,15 @@ def planner_settings(planner_name: str, decode: str = "auto", time_limit: float 
     return {}
 
 
+def settings_given(*, agent: str | None = None, members: list[str] | None = None, decode: str = "auto",
+                   time_limit: float | None = None, search_simulations: int | None = None,
+                   search_seconds: float | None = None) -> dict[str, bool]:
+    """Which planner options the user gave (their defaults mean "not given")."""
+    return {"--agent": agent is not None, "--members": members is not None, "--decode": decode != "auto",
+            "--time-limit": time_limit is not None, "--search-simulations": search_simulations is not None,
+            "--search-seconds": search_seconds is not None}
+
+
 def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, members: list[str] | None = None,
                          decode: str = "auto", time_limit: float | None = None,
                          search_simulations: int | None = None, search_seconds: float | None = None) -> None:
@@ -96,13 +105,13 @@ def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, m
     would otherwise be ignored, and the user left believing the agent planned)."""
     from ..planners import planner_entry, planner_names
 
-    agent_readers = [n for n in planner_names() if planner_entry(n).takes_agent]
-    readers = {"--agent": (agent_readers, agent is not None), "--members": (["dqn"], members is not None),
-               "--decode": (["dqn"], decode != "auto"), "--time-limit": (["optimal"], time_limit is not None),
-               "--search-simulations": (["dqn-search"], search_simulations is not None),
-               "--search-seconds": (["dqn-search"], search_seconds is not None)}
-    for option, (who, given) in readers.items():
-        if given and not set(who) & set(planners):
+    readers = {"--agent": [n for n in planner_names() if planner_entry(n).takes_agent], "--members": ["dqn"],
+               "--decode": ["dqn"], "--time-limit": ["optimal"], "--search-simulations": ["dqn-search"],
+               "--search-seconds": ["dqn-search"]}
+    given = settings_given(agent=agent, members=members, decode=decode, time_limit=time_limit,
+                           search_simulations=search_simulations, search_seconds=search_seconds)
+    for option, who in readers.items():
+        if given[option] and not set(who) & set(planners):
             chosen = (f"--planner {planners[0]} does not read it" if len(planners) == 1
                       else f"none of the planners chosen ({', '.join(planners)}) reads it")
             raise ValueError(f"{option} is read by {', '.join(who)} only, and {chosen}")
@@ -169,12 +178,11 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     trace = load_trace(args.trace)
     if args.plan:
-        for option, given in (("--planner", args.planner is not None), ("--agent", args.agent is not None),
-                              ("--members", args.members is not None), ("--decode", args.decode != "auto"),
-                              ("--time-limit", args.time_limit is not None),
-                              ("--search-simulations", args.search_simulations is not None),
-                              ("--search-seconds", args.search_seconds is not None)):
-            if given:
+        given = {"--planner": args.planner is not None} | settings_given(
+            agent=args.agent, members=args.members, decode=args.decode, time_limit=args.time_limit,
+            search_simulations=args.search_simulations, search_seconds=args.search_seconds)
+        for option, yes in given.items():
+            if yes:
                 raise ValueError(f"{option} does not go with --plan: the plan is made already, and its actions "
                                  "are what is simulated")
         plan = Plan.load(args.plan, trace)
