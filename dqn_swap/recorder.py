@@ -684,7 +684,9 @@ class _Recorder(TorchDispatchMode):
             return t
         tid = self.tid_of(local_tensor(t))
         # what the pack held, for the runtime's check of a live iteration at the same pack
-        k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        node = t.grad_fn
+        k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                              type(node).__name__ if node is not None else "")
         holder = _Saved(t, k)
         if tid not in self.unsharded_tids:
             self.holders[tid] += 1
@@ -1126,6 +1128,28 @@ def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim
     recorder.fold_constants()
     _assign_roles(recorder, model, opt)
     recorder.accumulate_in_place(recorder.fill_in_place())
+
+
+def carry_held_outputs(recorder: _Recorder, released_at: int) -> int:
+    """Storages made in the recorded iteration that the training loop still holds when it ends
+    (``out = model(**batch)`` kept past ``optimizer.step()``): in a loop, the previous step's
+    held outputs are alive when the next step begins, until the name holding them is bound again
+    once the model returns.  The trace is one steady-state step, so it starts with a storage of
+    their bytes (:attr:`Role.HIDDEN`: no plan moves it), freed at the end of op ``released_at``
+    (the forward pass's last op); the iteration's own held outputs outlive it.  Gradients and
+    optimizer state are the model's state, not outputs.  Returns the bytes carried (0: none held).
+
+    Held outputs that are not let go at the next call (kept in a list) make every step begin
+    with more bytes than the trace: :mod:`dqn_swap.user_loop` sees that at the step's start."""
+    b = recorder.b
+    n = len(b.ops)
+    state = (Role.GRADIENT, Role.OPTIMIZER_STATE, Role.PARAMETER, Role.HIDDEN)
+    carried = sum(b.t_nbytes[t] for t in range(len(b.t_nbytes))
+                  if b.t_alloc[t] >= 0 and b.t_free[t] == -1 and b.t_held[t] == n and b.t_role[t] not in state)
+    if carried and 0 <= released_at < n:
+        t = b.tensor(carried, Role.HIDDEN, preexisting=True)
+        b.free_at(t, released_at)
+    return int(carried)
 
 
 def _end_scratch(recorder: _Recorder, timeline: AllocatorTimeline | None) -> None:

@@ -162,8 +162,14 @@ _OPTIONAL: dict[str, tuple[np.dtype, int, str]] = {
     "saved_dtype": (np.dtype(np.int8), -1, "saved"),
     "saved_ndim": (np.dtype(np.int16), -1, "saved"),
     "saved_dims": (np.dtype(np.int64), -1, ""),  # its own length: the sum of the known saved_ndim
+    # Per pack, the autograd node that made the packed tensor (``type(t.grad_fn).__name__``, an
+    # index into ``meta["saved_nodes"]``; the empty name for a tensor without one, a parameter or
+    # the batch), so that the runtime's live check sees which op made what it saves, not only its
+    # shape: a plan made for a GELU network is not followed on a tanh one of the same shapes.
+    # -1: unknown (older files).
+    "saved_node": (np.dtype(np.int32), -1, "saved"),
 }
-_UNHASHED = frozenset({"saved_dtype", "saved_ndim", "saved_dims"})
+_UNHASHED = frozenset({"saved_dtype", "saved_ndim", "saved_dims", "saved_node"})
 
 #: dtype names (``str(torch dtype)`` without ``torch.``) by their ``saved_dtype`` code; append only.
 SAVED_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex32", "complex64", "complex128", "uint8",
@@ -200,6 +206,7 @@ class Trace:
     saved_dtype: np.ndarray | None = None
     saved_ndim: np.ndarray | None = None
     saved_dims: np.ndarray | None = None
+    saved_node: np.ndarray | None = None
     op_names: list[str] = field(default_factory=list)
     module_names: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -539,6 +546,13 @@ class Trace:
             out.append((name, shape))
         return out
 
+    @cached_property
+    def saved_nodes(self) -> list[str | None]:
+        """Per pack, the name of the autograd node that made the saved tensor (``""``: none, a leaf;
+        ``None``: unknown, a file written before the column existed)."""
+        names = self.meta.get("saved_nodes") or []
+        return [names[c] if 0 <= c < len(names) else None for c in self.saved_node.tolist()]
+
     def op_label(self, op: int) -> str:
         """Human-readable name of an op, e.g. ``#12 aten.convolution (layer1.0.conv1, forward)``."""
         module = self.module_names[self.op_module[op]] or "<top>"
@@ -648,13 +662,18 @@ class Trace:
                     raise bad(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
         if len(self.saved_op) != len(self.saved):
             raise bad(f"column saved_op has {len(self.saved_op)} rows, expected {len(self.saved)}")
-        for name in ("saved_dtype", "saved_ndim"):
+        for name in ("saved_dtype", "saved_ndim", "saved_node"):
             if len(getattr(self, name)) != len(self.saved):
                 raise bad(f"column {name} has {len(getattr(self, name))} rows, expected {len(self.saved)}")
         if len(self.saved) and (self.saved_dtype.min() < -1 or self.saved_dtype.max() >= len(SAVED_DTYPES)):
             raise bad("unknown dtype code in column saved_dtype")
         if len(self.saved) and (self.saved_ndim.min() < -1 or self.saved_ndim.max() > 64):
             raise bad("a saved tensor's number of dimensions (saved_ndim) is out of range")
+        nodes = self.meta.get("saved_nodes", [])
+        if not isinstance(nodes, list) or not all(isinstance(x, str) for x in nodes):
+            raise bad("metadata saved_nodes is not a list of strings")
+        if len(self.saved) and (self.saved_node.min() < -1 or self.saved_node.max() >= len(nodes)):
+            raise bad("column saved_node refers to a node name out of range")
         n_dims = int(np.maximum(self.saved_ndim, 0).sum()) if len(self.saved) else 0
         if len(self.saved_dims) != n_dims:
             raise bad(f"column saved_dims has {len(self.saved_dims)} rows, expected {n_dims} (the sum of saved_ndim)")
@@ -760,7 +779,9 @@ class Trace:
             raise bad(f"tensor {int(tensor[e])}'s free event is at op {int(op[e])} but its freeing op is "
                       f"{int(free[tensor[e]])}")
         roles = self.tensor_role
-        leak = (alloc >= 0) & (free < 0) & (roles == Role.SAVED)
+        # A saved activation the training loop still holds when the iteration ends (the output object
+        # kept past ``optimizer.step()``: ``tensor_held_op`` is the last op) outlives it; no plan moves it.
+        leak = (alloc >= 0) & (free < 0) & (roles == Role.SAVED) & (self.tensor_held_op != self.n_ops)
         if leak.any():
             t = first_of(leak)
             raise bad(f"tensor {t} (saved for backward) is allocated at op {int(alloc[t])} and never freed "
@@ -886,6 +907,8 @@ class TraceBuilder:
         self.saved_dtype: list[int] = []
         self.saved_ndim: list[int] = []
         self.saved_dims: list[int] = []
+        self.saved_node: list[int] = []
+        self._node_names: dict[str, int] = {}
         self.module_call_op: list[int] = []
         self._pending_free: list[int] = []
         self._merged: dict[int, tuple[int, int]] = {}  # tensor -> (op, tensor it became): write_in_place
@@ -951,11 +974,14 @@ class TraceBuilder:
             self.events.append((EventKind.FREE, i, t))
         self._pending_free.clear()
 
-    def mark_saved(self, t: int, shape: "tuple[int, ...] | None" = None, dtype: str | None = None) -> int:
+    def mark_saved(self, t: int, shape: "tuple[int, ...] | None" = None, dtype: str | None = None,
+                   node: str | None = None) -> int:
         """Record that autograd packed ``t`` (after the ops so far); returns its packing index.
-        ``shape`` and ``dtype`` (a name such as ``float32``): what the packed tensor was, for the
-        runtime's check of a live iteration (``Trace.saved_signatures``)."""
+        ``shape``, ``dtype`` (a name such as ``float32``) and ``node`` (the autograd node that made
+        it, ``""`` for none): what the packed tensor was, for the runtime's check of a live
+        iteration (``Trace.saved_signatures``, ``Trace.saved_nodes``)."""
         self.saved.append(t)
+        self.saved_node.append(-1 if node is None else self._node_names.setdefault(node, len(self._node_names)))
         self.saved_op.append(len(self.ops))
         self.saved_unpack_op.append(-1)
         self._saved_events.append(len(self.events))
@@ -978,6 +1004,17 @@ class TraceBuilder:
         """Record that the last holder of ``t`` outside autograd let it go at the end of op ``op``
         (``len(ops)``: it is still held when the iteration ends)."""
         self.t_held[t] = int(op)
+
+    def free_at(self, t: int, op: int) -> None:
+        """Free ``t`` at the end of op ``op`` (already recorded): its free event goes after that op's
+        other events."""
+        if self.t_free[t] != -1:
+            raise ValueError(f"tensor {t} is freed already")
+        at = len(self.events)
+        while at > 0 and self.events[at - 1][1] > op:
+            at -= 1
+        self.events.insert(at, (EventKind.FREE, op, t))
+        self.t_free[t] = int(op)
 
     def mark_module_call(self) -> None:
         """Record that a module's forward begins (after the ops so far)."""
@@ -1052,7 +1089,9 @@ class TraceBuilder:
             tensor_free_op=self.t_free, tensor_saved_index=self.t_saved, tensor_held_op=self.t_held,
             event_kind=ev[:, 0], event_op=ev[:, 1], event_tensor=ev[:, 2], saved=self.saved,
             op_scratch=self.scratch, saved_op=self.saved_op, saved_unpack_op=self.saved_unpack_op, saved_in_op=saved_in_op, saved_dtype=self.saved_dtype, saved_ndim=self.saved_ndim,
-            saved_dims=self.saved_dims, module_call_op=self.module_call_op, op_names=list(self._names), module_names=list(self._modules), meta=dict(meta or {}),
+            saved_dims=self.saved_dims, saved_node=self.saved_node, module_call_op=self.module_call_op,
+            op_names=list(self._names), module_names=list(self._modules),
+            meta={**(meta or {}), "saved_nodes": list(self._node_names)},
         )
         trace.validate("built trace")
         return trace

@@ -79,13 +79,21 @@ from .files import is_plain_name, write_atomically
 from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
-from .recorder import _end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved
+from .recorder import (_end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved,
+                       carry_held_outputs)
 from .trace import Phase, Trace, TraceBuilder
 from .units import format_bytes
 
 log = logging.getLogger("dqn_swap.autoplan")
 
 NEW_SHAPES = ("plan", "refuse")
+#: Steps recorded, one after the other, once a step has left its plan, until one is a new variant: the
+#: step that left is over by then, and the next ones may be of the usual kind (a padded batch every
+#: third step).  Each costs one step in safe mode.
+RECORD_TRIES = 4
+#: Variants planned per signature at most (``max_variants``): past them, a step that leaves every
+#: plan runs in safe mode from there.
+MAX_VARIANTS = 8
 
 
 class AutoPlanError(RuntimeError):
@@ -115,18 +123,12 @@ def _read_index(index: Path) -> dict[str, Any]:
     return entries
 
 
-def _host_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Host memory for a copy out: pinned on cuda; on the cpu NumPy's memory, which PyTorch's
-    allocator (and so the allocator timeline that stands in for device memory) does not see."""
-    if device.type == "cuda":
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
-
-
 def _copy_out(t: torch.Tensor, tid: int) -> _HostCopy:
+    from .runtime.offload import host_buffer
+
     storage = t.untyped_storage()
     src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-    host = _host_buffer(storage.nbytes(), t.device)
+    host = host_buffer(storage.nbytes(), t.device)
     host.copy_(src)
     return _HostCopy(t, tid, host)
 
@@ -140,22 +142,6 @@ def _copy_back(h: _HostCopy) -> torch.Tensor:
 def _offloadable(t: torch.Tensor, persistent: set[int]) -> bool:
     return (t.device.type != "meta" and not isinstance(t, torch.nn.Parameter)
             and t.untyped_storage()._cdata not in persistent)
-
-
-class _Offload:
-    """Saved-tensor hooks keeping saved activations on the host (the warm-up step)."""
-
-    def __init__(self, device: torch.device, persistent: set[int]) -> None:
-        self.device, self.persistent = device, persistent
-
-    def pack(self, t: torch.Tensor) -> Any:
-        if t.device != self.device or not _offloadable(t, self.persistent):
-            return t
-        return _copy_out(t, -1)
-
-    @staticmethod
-    def unpack(x: Any) -> torch.Tensor:
-        return _copy_back(x) if isinstance(x, _HostCopy) else x
 
 
 class _StepRecorder(_Recorder):
@@ -261,7 +247,41 @@ def _name(path: tuple) -> str:
     return name + torch.utils._pytree.keystr(tuple(rest))
 
 
-def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bool = False) -> tuple[str, str]:
+def structure(model: torch.nn.Module) -> tuple:
+    """The model as a plan depends on it: its module tree (names and classes), and its parameters'
+    and buffers' names, shapes, dtypes and whether they train.  Another head, a module swapped for
+    another class or a frozen layer is another structure; the weights' values are not part of it."""
+    modules = tuple((n, type(m).__qualname__) for n, m in model.named_modules())
+    params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters())
+    buffers = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers())
+    return modules, params, buffers
+
+
+def optimizer_layout(optimizer: torch.optim.Optimizer | None, state: bool = True) -> tuple:
+    """What an optimizer holds, as memory sees it: its parameter groups' sizes and, per parameter,
+    the shapes and dtypes of its state.  A group added midway, or state made for parameters not
+    stepped before, is another layout (and other bytes at every step's start).
+
+    A plan's signature holds the groups alone (``state=False``): a step whose optimizer has not
+    made all its state yet holds less than the trace that has it, so the plan is followed; a
+    recorded step in which the optimizer makes state is not a steady-state one, and is recorded
+    again (:mod:`dqn_swap.user_loop`)."""
+    if optimizer is None:
+        return ()
+    groups = tuple(len(g["params"]) for g in optimizer.param_groups)
+    if not state:
+        return groups
+    state = []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            st = optimizer.state.get(p)
+            state.append(tuple(sorted((k, tuple(v.shape), str(v.dtype), v.device.type) for k, v in st.items()
+                                      if isinstance(v, torch.Tensor))) if st else ())
+    return groups, tuple(state)
+
+
+def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bool = False,
+              optimizer: torch.optim.Optimizer | None = None) -> tuple[str, str]:
     """(key, description) of a call of ``model``: what a plan is made for (module docstring).
     With ``shapes_only``, a key of the call's shapes and the parameters' alone."""
     leaves, _ = tree_flatten_with_path((args, kwargs))
@@ -270,7 +290,8 @@ def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bo
     grads = any(p.grad is not None for p in model.parameters())
     dev = next((p.device.type for p in model.parameters()), "cpu")
     autocast = (torch.is_autocast_enabled(dev), str(torch.get_autocast_dtype(dev))) if dev in ("cpu", "cuda") else ()
-    sig = (call, params, grads, model.training, torch.is_grad_enabled(), autocast)
+    sig = (call, params, grads, model.training, torch.is_grad_enabled(), autocast, structure(model),
+           optimizer_layout(optimizer, state=False))
     key = hashlib.sha256(repr(sig).encode()).hexdigest()[:16]
     if shapes_only:
         return hashlib.sha256(repr((call, params)).encode()).hexdigest()[:16], ""
@@ -302,6 +323,10 @@ class Entry:
     trace: Trace
     plan: Plan
     runtime: Any = None  # PlannedExecution, made on first use
+    signature_key: str = ""  # the signature it is a variant of ("": key)
+    variant: int = 0  # its number among the signature's variants
+    followed: int = 0  # steps that followed it to the end
+    diverged: int = 0  # steps that left it (and ran on in safe mode)
 
 
 @dataclass
@@ -313,6 +338,8 @@ class _Recording:
     timeline: Any
     start_bytes: int
     batch_size: int | None = None  # batch_size_of the call; None where it is ambiguous
+    forward_end: int = -1  # the forward pass's last op: where the root module returned
+    layout: tuple = ()  # the optimizer's layout as the recorded step began (optimizer_layout)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     fb: contextlib.ExitStack | None = None  # forward and backward: hooks and the dispatch mode
     opt: contextlib.ExitStack | None = None  # the optimizer's step
@@ -341,7 +368,8 @@ class AutoPlan:
                  optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
-                 verbose: bool = True, runtime_options: dict[str, Any] | None = None) -> None:
+                 verbose: bool = True, runtime_options: dict[str, Any] | None = None,
+                 max_variants: int = MAX_VARIANTS) -> None:
         from .support import fsdp_param_groups, unsupported_reason
 
         if not isinstance(model, torch.nn.Module):
@@ -365,6 +393,14 @@ class AutoPlan:
         expect(planner_options, dict, "planner_options", none=True)
         expect(runtime_options, dict, "runtime_options", none=True)
         expect(allow_infeasible, bool, "allow_infeasible")
+        if isinstance(max_variants, bool) or not isinstance(max_variants, int) or max_variants < 1:
+            raise AutoPlanError(f"max_variants={max_variants!r}: a whole number of plans per signature, at least 1")
+        if optimizer is not None:
+            mine = {id(p) for p in model.parameters()}
+            theirs = [p for g in optimizer.param_groups for p in g["params"]]
+            if theirs and not any(id(p) in mine for p in theirs):
+                raise AutoPlanError("the optimizer holds none of the model's parameters: pass the optimizer that "
+                                    "steps this model")
         from .agents import check_planner_name
 
         try:
@@ -389,7 +425,18 @@ class AutoPlan:
         if self.device.type == "meta":
             raise AutoPlanError("autoplan trains for real: the model is on 'meta'; move it to its device "
                                 "(record on meta with dqn_swap.record_trace instead)")
+        self.max_variants = max_variants
+        # Every input of a plan but the iteration itself: the limit, the planner and its options, the
+        # profile.  Part of every entry's key, so that a cache made for one limit is never read for another.
+        self.plan_key = hashlib.sha256(repr((str(memory_limit), planner, sorted(self.planner_options.items()),
+                                             sorted(self.profile.to_dict().items()))).encode()).hexdigest()[:8]
         self.entries: dict[str, Entry] = {}
+        self.variants: dict[str, list[Entry]] = {}  # signature key -> its variants, in the order planned
+        self.safe_steps = 0  # planned steps that left their plan and ran on in safe mode
+        # signature key -> steps still to record since one of its steps left its plan (RECORD_TRIES)
+        self._record_next: dict[str, int] = {}
+        self._recordings: dict[str, int] = {}  # signature key -> recordings made of it
+        self._gave_up: set[str] = set()  # signatures whose iterations keep changing (said once)
         self.log: list[str] = []
         self.record_peaks: dict[str, int] = {}
         self.last: str | None = None
@@ -417,16 +464,25 @@ class AutoPlan:
         if self._state is not None:
             raise AutoPlanError("planned.step() is already active: one `with planned.step():` per iteration, "
                                 "not nested")
-        if self._pending is not None:
-            self._finish_recording()  # no optimizer step came after it (gradient accumulation)
-        state = self._state = _StepState()
-        ok = False
+        from .runtime.execution import STEP_OWNER, UnsupportedTrainingError
+
         try:
-            yield self
-            ok = True
+            STEP_OWNER.enter()
+        except UnsupportedTrainingError as e:
+            raise AutoPlanError(str(e)) from None
+        try:
+            if self._pending is not None:
+                self._finish_recording()  # no optimizer step came after it (gradient accumulation)
+            state = self._state = _StepState()
+            ok = False
+            try:
+                yield self
+                ok = True
+            finally:
+                self._state = None
+                self._end_step(state, ok)
         finally:
-            self._state = None
-            self._end_step(state, ok)
+            STEP_OWNER.exit()
 
     def _root_call(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         state = self._state
@@ -436,11 +492,20 @@ class AutoPlan:
             self._abandon(state)
             raise AutoPlanError("the model was called twice in one planned.step(): one step holds one forward "
                                 "pass (and its backward); use one `with planned.step():` per call")
-        key, desc = signature(module, args, kwargs)
-        entry = self.entries.get(key)
-        if entry is not None and self.new_shapes == "refuse":
+        key, desc = signature(module, args, kwargs, optimizer=self.optimizer)
+        key += self.plan_key
+        variants = self.variants.get(key)
+        if variants and self.new_shapes == "refuse":
             self._shapes.add(signature(module, args, kwargs, shapes_only=True)[0])
-        if entry is not None:
+        if variants and key in self._record_next and self._warm:
+            state.kind = "record"  # a step left its plan: record this one, a variant perhaps
+            self._note(f"step {self.steps}: recording the iteration for {desc} again (a step left its plan; "
+                       "saved activations on the host)")
+            self._start_recording(module, args, kwargs, key, desc)
+            return None
+        if variants:
+            # The variant most steps followed to the end (the first planned, between equals).
+            entry = max(variants, key=lambda e: (e.followed, -e.variant))
             state.kind, state.entry = "planned", entry
             rt = self._runtime(entry)
             rt.__enter__()
@@ -459,7 +524,9 @@ class AutoPlan:
             self._note(f"step {self.steps}: warm-up ({desc}): saved activations on the host while the "
                        "optimizer creates its state")
             stack = contextlib.ExitStack()
-            hooks = _Offload(self.device, self._persistent())
+            from .runtime.offload import HostOffload
+
+            hooks = HostOffload(self.device, self._persistent())
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack))
             state.offload = stack
             return None
@@ -477,6 +544,8 @@ class AutoPlan:
             rt = state.entry.runtime
             exc = sys.exc_info()
             rt.__exit__(*exc) if not ok else rt.__exit__(None, None, None)
+            if ok:
+                self._count(state.entry, rt.stats)
         elif state.kind == "warmup":
             assert state.offload is not None
             state.offload.close()
@@ -493,6 +562,26 @@ class AutoPlan:
             self._pending = rec
             if self.optimizer is None:
                 self._finish_recording()
+
+    def _count(self, entry: Entry, stats: Any) -> None:
+        """A planned step ended: it followed ``entry`` to the end, or left it and ran on in safe mode.
+        Then the signature's next step is recorded, and planned if it is a new variant."""
+        if stats is None or not stats.diverged:
+            entry.followed += 1
+            return
+        entry.diverged += 1
+        self.safe_steps += 1
+        sig = entry.signature_key or entry.key
+        self._note(f"step {self.steps - 1}: left the plan of {entry.description} (variant {entry.variant}): "
+                   f"{stats.divergence}; ran on in safe mode from saved tensor #{stats.diverged_at}")
+        if len(self.variants.get(sig, ())) >= self.max_variants or sig in self._gave_up:
+            return
+        if self._recordings.get(sig, 0) >= 3 * self.max_variants:
+            self._gave_up.add(sig)
+            self._note(f"{entry.description}: its iterations keep changing ({self._recordings[sig]} recordings, "
+                       f"{len(self.variants[sig])} variants): steps that leave a plan run in safe mode from there")
+            return
+        self._record_next.setdefault(sig, RECORD_TRIES)
 
     # ---------------------------------------------------------------- recording
     def _persistent(self) -> set[int]:
@@ -512,9 +601,16 @@ class AutoPlan:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             start = torch.cuda.memory_allocated(dev)
-        rec = _Recording(recorder, key, desc, _ModuleTracker(), timeline, start, batch_size=batch_size_of(args, kwargs))
+        rec = _Recording(recorder, key, desc, _ModuleTracker(), timeline, start, batch_size=batch_size_of(args, kwargs),
+                         layout=optimizer_layout(self.optimizer))
         if timeline is not None:
             rec.stack.enter_context(timeline)
+
+        def returned(mod: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> None:
+            if rec.forward_end < 0:  # where the loop's name for the previous step's outputs is bound again
+                rec.forward_end = len(recorder.b.ops) - 1
+
+        rec.stack.enter_context(contextlib.closing(_Handle(module.register_forward_hook(returned, with_kwargs=True))))
         self._recording = rec
         self._enter_forward_backward(rec)
         rec.tracker._fw_pre_hook(module, args)  # the root's call: the tracker's hook came after it
@@ -567,6 +663,16 @@ class AutoPlan:
         if rec is None or rec.opt is None:
             return
         rec.opt.close()
+        if optimizer_layout(self.optimizer) != rec.layout:
+            # Not a steady-state iteration: the optimizer made state in it (a parameter group added, or
+            # parameters stepped for the first time), so every later step begins with more bytes than
+            # this one.  The next step, of the new layout, is recorded instead.
+            self._pending = None
+            rec.recorder.active = False
+            self._close(rec)
+            self._note(f"step {self.steps - 1}: the optimizer made new state in the recorded step (parameters it "
+                       "had not stepped before): the next step is recorded instead")
+            return
         self._finish_recording()
 
     def _close(self, rec: _Recording) -> None:
@@ -596,6 +702,7 @@ class AutoPlan:
             peak = max(int(recorder.iteration_peak), int(torch.cuda.max_memory_allocated(self.device))) \
                 - rec.start_bytes
         _end_iteration(recorder, self.model, self.optimizer)
+        carried = carry_held_outputs(recorder, rec.forward_end)
         self._close(rec)
         _end_scratch(recorder, rec.timeline)
         if rec.timeline is not None:
@@ -608,13 +715,15 @@ class AutoPlan:
                 "torch": torch.__version__}
         if rec.batch_size is not None:
             meta["batch_size"] = rec.batch_size
+        if carried:
+            meta["held_outputs_bytes"] = carried
         if recorder.unannotated:
             meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
         try:
             trace = recorder.b.build(meta)
         except ValueError as e:
             raise AutoPlanError(f"the recorded iteration is not a valid trace ({e}); please report it with "
-                                "the model") from None
+                                "the model and the loop (dqn-swap's issue tracker)") from None
         # On a GPU, what the device held beside the step's own state as it began (cuBLAS's workspaces,
         # the caller's tensors): a limit in bytes is the device's, these bytes come off it
         # (Trace.outside_bytes, MemoryLimit.resolve).
@@ -625,9 +734,25 @@ class AutoPlan:
         if trace.n_ops == 0 or not len(trace.saved):
             raise AutoPlanError("the step recorded no op that saves anything for backward: call the model and "
                                 "loss.backward() inside `with planned.step():`")
+        variants = self.variants.setdefault(rec.key, [])
+        tries = self._record_next.pop(rec.key, 1) - 1
+        self._recordings[rec.key] = self._recordings.get(rec.key, 0) + 1
+        same = next((e for e in variants if _same_iteration(e.trace, trace)), None)
+        if same is not None:
+            if tries > 0:
+                self._record_next[rec.key] = tries
+            self._note(f"the recorded step is variant {same.variant} of {rec.description} again: no new plan"
+                       + (f" ({tries} more to record)" if tries > 0 else ""))
+            return
         plan = self._make_plan(trace, rec.description)
-        entry = Entry(rec.key, rec.description, trace, plan)
-        self.entries[rec.key] = entry
+        n = len(variants)
+        entry = Entry(rec.key if n == 0 else f"{rec.key}~{n}", rec.description, trace, plan, signature_key=rec.key,
+                      variant=n)
+        if n:
+            self._note(f"variant {n} of {rec.description}: another iteration of the same signature "
+                       f"({len(trace.saved)} saved tensors, {trace.n_ops} ops)")
+        variants.append(entry)
+        self.entries[entry.key] = entry
         if self.cache is not None:
             self._save_entry(entry, self.cache)
 
@@ -668,6 +793,7 @@ class AutoPlan:
             opts = dict(self.runtime_options)
             if self.allow_infeasible:
                 opts.setdefault("allow_infeasible", True)
+            opts.setdefault("on_mismatch", "safe")
             entry.runtime = PlannedExecution(self.model, entry.plan, entry.trace, **opts)
         return entry.runtime
 
@@ -684,6 +810,8 @@ class AutoPlan:
         if not index.exists():
             return
         for key, item in _read_index(index).items():
+            if not key.partition("~")[0].endswith(self.plan_key):
+                continue  # made for another limit, planner or profile
             try:
                 names = [item["trace"], item["plan"]]
                 if not all(is_plain_name(n) for n in names):
@@ -692,7 +820,13 @@ class AutoPlan:
                 plan = Plan.load(self.cache / names[1], trace)
             except (KeyError, TypeError) as e:
                 raise AutoPlanError(f"{index}: entry {key!r} is malformed ({e})") from None
-            self.entries[key] = Entry(key, str(item.get("signature", key)), trace, plan)
+            sig, _, n = key.partition("~")
+            entry = Entry(key, str(item.get("signature", key)), trace, plan, signature_key=sig,
+                          variant=int(n) if n.isdigit() else 0)
+            self.entries[key] = entry
+            self.variants.setdefault(sig, []).append(entry)
+        for variants in self.variants.values():
+            variants.sort(key=lambda e: e.variant)
         self._warm = True  # planned from the first step; the optimizer's state appears in the first one
         self._note(f"loaded {len(self.entries)} plan(s) from {self.cache}")
 
@@ -732,10 +866,21 @@ class AutoPlan:
 
     def summary(self) -> dict[str, Any]:
         return {"steps": self.steps, "planner": self.planner_name, "last": self.last, "log": list(self.log),
-                "record_peaks": dict(self.record_peaks),
-                "plans": {k: {"signature": e.description, "swaps": e.plan.n_swap, "recomputes": e.plan.n_recompute,
+                "record_peaks": dict(self.record_peaks), "safe_steps": self.safe_steps,
+                "variants": {k: len(v) for k, v in self.variants.items()},
+                "plans": {k: {"signature": e.description, "variant": e.variant, "followed": e.followed,
+                              "diverged": e.diverged, "swaps": e.plan.n_swap, "recomputes": e.plan.n_recompute,
                               "memory_limit": e.plan.memory_limit, "overhead": e.plan.figures.get("overhead")}
                           for k, e in self.entries.items()}}
+
+
+def _same_iteration(a: Trace, b: Trace) -> bool:
+    """Whether two recordings are the same iteration as the runtime sees it: the same ops, tensors
+    and saved tensors (their shapes, dtypes and the nodes that made them)."""
+    return (a.n_ops == b.n_ops and len(a.saved) == len(b.saved) and a.n_tensors == b.n_tensors
+            and [a.op_names[i] for i in a.op_name] == [b.op_names[i] for i in b.op_name]
+            and np.array_equal(a.tensor_nbytes, b.tensor_nbytes) and a.saved_signatures == b.saved_signatures
+            and a.saved_nodes == b.saved_nodes)
 
 
 class _Handle:

@@ -81,6 +81,7 @@ a stand-in device with late copies and a checker (:mod:`.standin`).
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import warnings
 import weakref
@@ -97,12 +98,18 @@ from ..plan import Plan
 from ..support import COMPILED_STEP, fsdp_param_groups, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
 from .backend import Backend, backend_for
+from .offload import HostOffload, Offloaded, persistent_storages
 from .index import NO_OP, PROGRESS, RECOMPUTE, SIZE_QUANTUM, SWAP, TRACK, PlanIndex, build_index, with_releases
 from .recompute import OpRecorder, RecomputeError, RecordMode, TraceMismatchError, view_of
 from .swap import SwapGroup, Swapper
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+#: What a live iteration that is not the plan's trace does: stop (``TraceMismatchError``) or go on in
+#: safe mode from there (:mod:`.offload`).
+ON_MISMATCH = ("raise", "safe")
 
 
 class PlannedOutOfMemoryError(torch.OutOfMemoryError):
@@ -152,8 +159,41 @@ def refuse_unsupported(model: torch.nn.Module | None) -> None:
         raise UnsupportedTrainingError(reason)
 
 
-def _identity(x: Any) -> Any:
-    return x
+class _StepOwner:
+    """The one thread that may run planned (or recorded) steps at a time, re-entrant within it.
+
+    The hooks a planned step relies on are the process's: module forward hooks
+    (``register_module_forward_pre_hook``, by which the runtime numbers ops and the recorder marks
+    module calls) fire for every module in every thread, and recording in the user's loop marks
+    ``torch.autograd.backward`` for the process.  A second thread's model would be numbered into
+    the first's iteration.  So a step begun while another thread is inside one is refused with one
+    line, instead of training wrongly or crashing."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner: int | None = None
+        self.depth = 0
+
+    def enter(self) -> None:
+        me = threading.get_ident()
+        with self.lock:
+            if self.owner is not None and self.owner != me:
+                raise UnsupportedTrainingError(
+                    "another thread is inside a planned step: dqn-swap follows one planned step at a time per "
+                    "process (its hooks are process-wide); run planned models one after the other, or in "
+                    "separate processes")
+            self.owner = me
+            self.depth += 1
+
+    def exit(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth <= 0:
+                self.owner, self.depth = None, 0
+
+
+#: The process's :class:`_StepOwner` (``PlannedExecution`` and ``dqn_swap.autoplan`` steps).
+STEP_OWNER = _StepOwner()
 
 
 # --------------------------------------------------------------------------- handles
@@ -244,11 +284,20 @@ class IterationStats:
     held_inputs_skipped: int = 0  # swapped inputs not copied: held in an earlier iteration (HeldInputWarning)
     held_bytes: int = 0  # device bytes the runtime references at the end of the iteration
     peak_held_bytes: int = 0
+    diverged_at: int = -1  # safe mode: the pack at which the live iteration left the trace (-1: it did not)
+    safe_packs: int = 0  # packs made in safe mode (every one to the host until backward needs it)
+    safe_bytes: int = 0  # bytes safe mode copied to the host
+    divergence: str = ""  # what differed, in one line (empty: nothing)
     prefetch_log: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, op reached) in issue order
     source_refs: list[StorageWeakRef] = field(default_factory=list)  # with track_storages: removed originals
 
     def as_dict(self) -> dict[str, int | float]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, (int, float))}
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the iteration left the plan's trace (and ran on in safe mode from there)."""
+        return bool(self.divergence)
 
 
 # --------------------------------------------------------------------------- one iteration
@@ -298,10 +347,11 @@ class _Iteration:
         # (PlanIndex.held_removed): (that op, their storage, their swap group, None if recomputed)
         self.held_removed: list[tuple[int, StorageWeakRef, SwapGroup | None]] = []
         self.fsdp_first_gather: _FsdpFirstGather | None = None  # FSDP2 makes its gather storages (a first step)
+        self.safe: HostOffload | None = None  # safe mode, from the point where the iteration left the trace
 
     def module_call(self, module: torch.nn.Module, args: Any) -> None:
         """A module's forward begins (no op is under way): start or stop numbering ops here."""
-        if self.forward_done or isinstance(module, _WRAPPERS):
+        if self.forward_done or self.safe is not None or isinstance(module, _WRAPPERS):
             return
         mode = self.mode
         assert mode is not None
@@ -321,9 +371,13 @@ class _Iteration:
             return t  # another device: the recorder neither counted nor tracked it
         k = self.n_packed
         self.n_packed = k + 1
-        if k >= self.n_saved:
-            self.too_many_packs()
-        self.check(k, t)  # the live check, before anything acts on this tensor
+        if self.safe is None:
+            if k >= self.n_saved:
+                self.too_many_packs()
+            else:
+                self.check(k, t)  # the live check, before anything acts on this tensor
+        if self.safe is not None:
+            return self.safe_pack(t)
         if self.pending_borrowed:
             self.release_borrowed(self.pack_op[k])
         mode = self.mode
@@ -394,10 +448,19 @@ class _Iteration:
         (shape, dtype, storage size); the first difference stops the iteration (:meth:`mismatch`)."""
         dtype, shape, size, below = self.expected[k]
         if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
-            self.mismatch(k, t)
+            return self.mismatch(k, t)
         nbytes = t.untyped_storage().nbytes()
         if nbytes > size or nbytes <= below:
-            self.mismatch(k, t)
+            return self.mismatch(k, t)
+        nodes = self.rt.expected_nodes
+        if nodes is not None:
+            node = t.grad_fn
+            name = type(node).__name__ if node is not None else ""
+            if name != nodes[k] and nodes[k] is not None:
+                self.diverge(
+                    f"{self.index.pack_label(k)} was made by {nodes[k] or 'no autograd node'} when the trace was "
+                    f"recorded and by {name or 'no autograd node'} now: this iteration runs other ops than the "
+                    "trace")
 
     def check_pack(self, t: torch.Tensor) -> torch.Tensor:
         """The pack hook of a plan without actions: the live check of the first pack alone (the
@@ -408,12 +471,16 @@ class _Iteration:
             return t
         k = self.n_packed
         self.n_packed = k + 1
-        if k >= self.n_saved:
-            self.too_many_packs()
+        if self.safe is None:
+            if k >= self.n_saved:
+                self.too_many_packs()
+            else:
+                self.check(k, t)
+        if self.safe is not None:  # not the trace's iteration: the hooks stay on, in safe mode
+            return self.safe_pack(t)
         torch._C._autograd._pop_saved_tensors_default_hooks()
         self.hooks_pushed = False
         self.stats.hooks_off_after = k
-        self.check(k, t)
         # Not ``t`` itself: an output its own node saves would then hold that node through its
         # ``grad_fn``, a reference cycle through C++ that no collector sees, and a graph dropped
         # without backward (an exception, a forward pass only) would never be freed.  The alias
@@ -421,10 +488,69 @@ class _Iteration:
         return t.detach() if t.requires_grad else t
 
     def too_many_packs(self) -> None:
-        raise TraceMismatchError(
-            f"autograd saved more than the {self.n_saved} tensors the trace recorded for one iteration: a second "
-            f"forward pass in one `with` block, or the model or the batch changed since recording "
-            f"({self.rt.plan_label()}); run one forward and backward per block, or record the trace again")
+        self.diverge(f"autograd saved more than the {self.n_saved} tensors the trace recorded for one iteration "
+                     "(a second forward pass in one `with` block, or other ops than the trace's)",
+                     "run one forward and backward per block, or record the trace again")
+
+    # -------------------------------------------------------------- safe mode
+    def diverge(self, what: str, advice: str = "record the trace again and re-plan") -> None:
+        """The live iteration is not the plan's trace (``what`` says where and how).  Without
+        ``on_mismatch="safe"`` that stops it (:class:`TraceMismatchError`); with it, the iteration
+        goes on in safe mode (:meth:`enter_safe`)."""
+        if self.safe is not None:
+            return
+        if not self.rt.safe_on_mismatch:
+            raise TraceMismatchError(f"{what} ({self.rt.plan_label()}); {advice}")
+        self.enter_safe(what)
+
+    def enter_safe(self, what: str) -> None:
+        """From here on, every saved tensor goes to the host until backward needs it
+        (:mod:`.offload`); whatever the plan did before is carried out as planned: swapped tensors
+        come back on demand at their unpack, removed ones are re-run from the ops recorded before
+        this point.
+
+        Nothing is prefetched any more (a prefetch would bring bytes back before they are needed),
+        and the copies out still running are waited for, so that their device bytes are free when
+        the unknown part of the iteration runs.  A removed tensor whose re-run needs an op not
+        recorded by now cannot be re-created: that stops the iteration (its bytes are gone).
+        """
+        it_stats = self.stats
+        it_stats.divergence = what
+        it_stats.diverged_at = self.n_packed - 1
+        recorder = self.recorder
+        for tid, rg in self.rec_groups.items():
+            if rg.remaining <= 0:
+                continue
+            seq = self.index.sequence_of.get(tid)
+            steps = self.index.sequences[seq][1] if seq is not None else ()
+            missing = [s.op for s in steps if recorder is None or s.op not in recorder.ops]
+            if seq is None or missing:
+                raise TraceMismatchError(
+                    f"{what}; the plan had already removed {self.index.tensor_label(tid)}, whose re-run needs "
+                    f"{self.index.trace.op_label(missing[0]) if missing else 'a schedule entry'} from past that "
+                    f"point, so the iteration cannot go on ({self.rt.plan_label()}); record the trace again")
+        if self.mode is not None:
+            self.mode.stop()
+        # Sync: the plan's copies out still running hold their sources' device bytes; the rest of the
+        # iteration is not the trace, so the simulator's point of release no longer applies: they are
+        # released now, before the unknown ops allocate.
+        self.swapper.synchronize()
+        self.stats.released_after_copy += self.swapper.poll()
+        self.release_ptr = len(self.index.release_ops)
+        self.release_next = NO_OP
+        self.prefetch_ptr = len(self.index.prefetch)
+        self.safe = HostOffload(self.rt.device, persistent_storages(self.rt.model))
+
+    def safe_pack(self, t: torch.Tensor) -> Any:
+        assert self.safe is not None
+        if self.mode is not None and self.mode.pushed:
+            self.mode.stop()  # diverged inside the mode's own dispatch: it comes off here
+        before = self.safe.copied_bytes
+        with torch.no_grad():
+            packed = self.safe.pack(t)
+        self.stats.safe_packs += 1
+        self.stats.safe_bytes += self.safe.copied_bytes - before
+        return packed
 
     def mismatch(self, k: int, t: torch.Tensor) -> None:
         """Pack ``k`` is not what the recorder saw there: stop before the runtime acts on it."""
@@ -433,9 +559,8 @@ class _Iteration:
         same_kind = (shape is None or t.shape == shape) and (dtype is None or t.dtype is dtype)
         was = _describe(dtype, shape, size if same_kind else None)
         now = _describe(t.dtype, tuple(t.shape) if shape is not None else None, nbytes if same_kind else None)
-        raise TraceMismatchError(
-            f"{self.index.pack_label(k)} was {was} when the trace was recorded and is {now} now: the model or "
-            f"the batch changed since recording ({self.rt.plan_label()}); record the trace again and re-plan")
+        self.diverge(f"{self.index.pack_label(k)} was {was} when the trace was recorded and is {now} now: the "
+                     "batch or the model differs from the recorded iteration")
 
     def release_borrowed(self, op: int, final: bool = False) -> None:
         """Ops before ``op`` have run: swapped inputs they saved may be emptied (:mod:`.swap`).
@@ -502,9 +627,9 @@ class _Iteration:
             nbytes = storage.nbytes()  # checked against the trace in pack()
             key = storage._cdata
             if self.tid_key.setdefault(tid, key) != key:
-                raise TraceMismatchError(
-                    f"saved tensor #{k} is a different storage than earlier saves of {index.tensor_label(tid)}: "
-                    f"the model changed since recording ({rt.plan_label()}); record the trace again")
+                self.diverge(f"saved tensor #{k} is a different storage than earlier saves of "
+                             f"{index.tensor_label(tid)}: this iteration runs other ops than the trace")
+                return self.safe_pack(t)
             if f & SWAP:
                 version = t._version
                 group = self.swap_groups.get((tid, version))
@@ -609,7 +734,7 @@ class _Iteration:
     # ---------------------------------------------------------------- prefetch
     def issue_prefetches(self) -> None:
         rt = self.rt
-        if not rt.prefetch:
+        if not rt.prefetch or self.safe is not None:
             return
         queue = self.index.prefetch
         swapper = self.swapper
@@ -643,7 +768,7 @@ class _Iteration:
     # ------------------------------------------------------------------ unpack
     def unpack(self, packed: Any) -> torch.Tensor:
         if type(packed) is not _Packed:
-            return packed
+            return HostOffload.unpack(packed) if type(packed) is Offloaded else packed
         self.where = ("unpack", packed.index)
         self.paused = True
         try:
@@ -764,11 +889,15 @@ class _Iteration:
         self.stats.bound_waits = self.swapper.bound_waits
 
     def check_count(self) -> None:
-        if self.n_packed and self.stats.hooks_off_after < 0 and self.n_packed != self.n_saved:
-            raise TraceMismatchError(
-                f"autograd saved {self.n_packed} tensors in this iteration, the trace recorded "
-                f"{self.n_saved}: the model or the batch changed since recording ({self.rt.plan_label()}); "
-                "record the trace again")
+        if self.n_packed and self.stats.hooks_off_after < 0 and self.n_packed != self.n_saved and self.safe is None:
+            what = (f"autograd saved {self.n_packed} tensors in this iteration, the trace recorded {self.n_saved}: "
+                    "the batch or the model differs from the recorded iteration")
+            if not self.rt.safe_on_mismatch:
+                raise TraceMismatchError(f"{what} ({self.rt.plan_label()}); record the trace again")
+            # Fewer packs than planned: what the plan would have done to the rest never happened, and
+            # a step that does less holds less.  Reported as a divergence all the same.
+            self.stats.divergence = what
+            self.stats.diverged_at = self.n_packed
 
     def describe_position(self) -> str:
         kind, k = self.where
@@ -815,10 +944,15 @@ class PlannedExecution:
         allow_infeasible: follow a plan the simulator finds infeasible (with ``check_plan`` off, one
             whose ``plan.figures["feasible"]`` is false); without it such a plan is refused
             (:class:`InfeasiblePlanError`).
+        on_mismatch: ``"raise"`` (default): an iteration that is not the trace's stops with
+            :class:`TraceMismatchError`; ``"safe"``: it goes on in safe mode from the point where it
+            left the trace (every later saved tensor on the host until backward needs it,
+            :mod:`.offload`), and ``stats.divergence`` says what differed.
 
     Every iteration is checked against the trace as it runs: at every pack of a saved tensor
-    (the ``k``-th is ``trace.saved[k]``) its shape, dtype and storage size must be what the
-    recorder saw (storage sizes only, for a trace file written before shapes were recorded),
+    (the ``k``-th is ``trace.saved[k]``) its shape, dtype, storage size and the autograd node
+    that made it must be what the recorder saw (storage sizes only, for a trace file written
+    before shapes were recorded),
     and a block must pack exactly as many tensors as the trace; the first difference raises
     :class:`TraceMismatchError` (one line: the saved tensor, the op, what it was and is), before
     the runtime acts on that tensor.  The hooks stay on for the whole block, so a second forward
@@ -838,9 +972,11 @@ class PlannedExecution:
                  device: str | torch.device | None = None, backend: Backend | None = None,
                  memory_limit: LimitSpec | None = None, max_inflight_bytes: int | None = None,
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
-                 check_plan: bool = True, allow_infeasible: bool = False) -> None:
+                 check_plan: bool = True, allow_infeasible: bool = False, on_mismatch: str = "raise") -> None:
         from ..checks import expect
 
+        if on_mismatch not in ON_MISMATCH:
+            raise ValueError(f"on_mismatch={on_mismatch!r}: one of {', '.join(map(repr, ON_MISMATCH))}")
         expect(model, torch.nn.Module, "model", none=True, what="a torch.nn.Module")
         expect(plan, Plan, "plan")
         expect(trace, Trace, "trace")
@@ -912,6 +1048,10 @@ class PlannedExecution:
         self.expected: list[tuple[torch.dtype | None, tuple[int, ...] | None, int, int]] = [
             (dtypes.get(d) if d is not None else None, shape, int(size), int(size) - (1 if exact else SIZE_QUANTUM))
             for (d, shape), size in zip(trace.saved_signatures, sizes)]
+        # Per pack, the autograd node that made the saved tensor (None: the trace does not say).
+        nodes = trace.saved_nodes
+        self.expected_nodes: list[str | None] | None = nodes if any(n is not None for n in nodes) else None
+        self.safe_on_mismatch = on_mismatch == "safe"
         self.held_inputs: set[int] = set()  # swapped inputs the training loop held (HeldInputWarning)
         self._it: _Iteration | None = None
         self._hook: Any = None
@@ -934,6 +1074,7 @@ class PlannedExecution:
             raise RuntimeError("PlannedExecution is already active: one `with` block per iteration, not nested")
         if under_torch_compile():
             raise UnsupportedTrainingError(COMPILED_STEP)
+        STEP_OWNER.enter()
         self.swapper.poll()
         it = _Iteration(self)
         self._it = it
@@ -948,7 +1089,7 @@ class PlannedExecution:
         if not self.plan.actions:
             # nothing to do but check the first pack (check_pack): the saved tensors go to autograd
             if it.n_saved:
-                torch._C._autograd._push_saved_tensors_default_hooks(it.check_pack, _identity)
+                torch._C._autograd._push_saved_tensors_default_hooks(it.check_pack, HostOffload.unpack)
                 it.hooks_pushed = True
             return self
         torch._C._autograd._push_saved_tensors_default_hooks(it.pack, it.unpack)
@@ -977,6 +1118,7 @@ class PlannedExecution:
                 torch._C._autograd._pop_saved_tensors_default_hooks()
                 it.hooks_pushed = False
             self._it = None
+            STEP_OWNER.exit()
         self.iterations += 1
         self.stats = it.stats
         if exc is not None and isinstance(exc, torch.OutOfMemoryError) and not isinstance(exc, PlannedOutOfMemoryError):

@@ -172,20 +172,26 @@ class RecordMode(TorchDispatchMode):
         self.op = 0  # index of the next counted op
         self.end = -1  # last op of the current window
         self.pushed = False
+        self.dispatching = False  # inside __torch_dispatch__: the mode cannot be taken off there
         self.names: dict[torch._ops.OpOverload, str] = {}
 
     def start(self, op: int, end: int) -> None:
         """Count from ``op`` (the index of the next op) until ``end`` has been recorded."""
         if self.pushed and not self.finished and self.op != op:
-            raise TraceMismatchError(
-                f"where the trace has {op} ops behind a module call, this iteration has {self.op}: the model "
-                f"changed since the trace was recorded ({self.it.rt.plan_label()}); record the trace again")
+            self.it.diverge(f"where the trace has {op} ops behind a module call, this iteration has {self.op}: "
+                            "this iteration runs other ops than the trace")
+            return
         self.op, self.end = op, end
         if not self.pushed:
             self.__enter__()
             self.pushed = True
 
     def stop(self) -> None:
+        """Off; inside its own dispatch (a divergence found there) it only stops counting, and comes
+        off at the runtime's next point of control."""
+        if self.dispatching:
+            self.end = -1
+            return
         if self.pushed:
             self.pushed = False
             self.__exit__(None, None, None)
@@ -199,6 +205,14 @@ class RecordMode(TorchDispatchMode):
         it = self.it
         if it.paused or self.op > self.end or func.is_view or func in _VIEW_LIKE:
             return func(*args, **kwargs)
+        self.dispatching = True
+        try:
+            return self._dispatch(func, args, kwargs)
+        finally:
+            self.dispatching = False
+
+    def _dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        it = self.it
         dev_type = it.rt.device.type
         flat_in = [x for x in leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.device.type == dev_type]
         i = self.op
@@ -210,21 +224,25 @@ class RecordMode(TorchDispatchMode):
             rng = (gen, rng_snapshot(gen))
         if flat_in:
             spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None  # before it runs
+            if it.safe is not None:
+                return func(*args, **kwargs)
             out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
             if not any(isinstance(x, torch.Tensor) and x.device.type == dev_type for x in leaves(out)):
                 return out  # host-side bookkeeping (profiler marks, counters): the recorder skipped it too
             spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None
+            if it.safe is not None:
+                return out
         self.op += 1
         name = self.names.get(func)
         if name is None:
             name = self.names[func] = str(func._overloadpacket)
         expected = it.expected_names[i] if i < len(it.expected_names) else "the end of the iteration"
         if name != expected:
-            raise TraceMismatchError(
-                f"forward op #{i} is {name}, the trace recorded {expected}: the model changed since the "
-                f"trace was recorded ({it.rt.plan_label()}); record the trace again and re-plan")
+            it.diverge(f"forward op #{i} is {name}, the trace recorded {expected}: this iteration runs other ops "
+                       "than the trace")
+            return out
         if spec is not None:
             it.recorder.finish(i, func, spec, out, rng)
         return out
@@ -251,9 +269,9 @@ class OpRecorder:
             if key not in keys:
                 keys[key] = -1
         if len(keys) != len(info.reads):
-            raise TraceMismatchError(
-                f"forward op #{i} ({info.name}) reads {len(keys)} storages, the trace recorded "
-                f"{len(info.reads)} ({self.it.rt.plan_label()}); record the trace again")
+            self.it.diverge(f"forward op #{i} ({info.name}) reads {len(keys)} storages, the trace recorded "
+                            f"{len(info.reads)}: this iteration runs other ops than the trace")
+            return None
         for key, tid in zip(list(keys), info.reads):
             keys[key] = tid
         dev_type = self.it.rt.device.type
@@ -290,9 +308,9 @@ class OpRecorder:
                     positions[key] = pos
                     fresh.append(key)
         if len(fresh) != len(info.fresh):
-            raise TraceMismatchError(
-                f"forward op #{i} ({info.name}) created {len(fresh)} storages, the trace recorded "
-                f"{len(info.fresh)} ({self.it.rt.plan_label()}); record the trace again")
+            self.it.diverge(f"forward op #{i} ({info.name}) created {len(fresh)} storages, the trace recorded "
+                            f"{len(info.fresh)}: this iteration runs other ops than the trace")
+            return
         outputs = {tid: positions[key] for key, tid in zip(fresh, info.fresh)}
         self.ops[i] = OpRecord(func, sargs, skwargs, outputs, rng, live)
 
