@@ -123,4 +123,21 @@ def estimate_scratch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: M
     return 0
 
 
-__all__ = ["SCRATCH_MODELS", "UNANNOTATED_WRITES", "argument", "estimate_scratch", "op_name", "written_positions"]
+__all__ = ["SCRATCH_MODELS", "UNANNOTATED_WRITES", "argument", "estimate_scratch", "node_name", "op_name", "written_positions"]
+
+
+#: Autograd nodes of one view made by different aten ops depending on whether a Python dispatch mode
+#: is on: ``reshape`` makes ``_reshape_alias`` without one and ``view`` under one (as the recorder's
+#: mode is while recording, and the runtime's while it records re-runs).  They are one node to the
+#: live check.
+_SAME_NODE = {"ReshapeAliasBackward0": "ViewBackward0", "UnsafeViewBackward0": "ViewBackward0"}
+
+
+def node_name(t: torch.Tensor) -> str:
+    """The autograd node that made ``t``, as the live check compares it (``""`` for none: a leaf)."""
+    node = t.grad_fn
+    if node is None:
+        return ""
+    name = type(node).__name__
+    return _SAME_NODE.get(name, name)
+

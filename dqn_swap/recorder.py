@@ -77,7 +77,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline, gradient_bytes
-from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, op_name
+from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, node_name, op_name
 from .support import (local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients, unsharded_storages,
                       unsupported_reason)
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder
@@ -684,9 +684,7 @@ class _Recorder(TorchDispatchMode):
             return t
         tid = self.tid_of(local_tensor(t))
         # what the pack held, for the runtime's check of a live iteration at the same pack
-        node = t.grad_fn
-        k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                              type(node).__name__ if node is not None else "")
+        k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."), node_name(t))
         holder = _Saved(t, k)
         if tid not in self.unsharded_tids:
             self.holders[tid] += 1

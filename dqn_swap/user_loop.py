@@ -124,7 +124,7 @@ def _read_index(index: Path) -> dict[str, Any]:
 
 
 def _copy_out(t: torch.Tensor, tid: int) -> _HostCopy:
-    from .runtime.offload import host_buffer
+    from .runtime import host_buffer
 
     storage = t.untyped_storage()
     src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
@@ -464,7 +464,7 @@ class AutoPlan:
         if self._state is not None:
             raise AutoPlanError("planned.step() is already active: one `with planned.step():` per iteration, "
                                 "not nested")
-        from .runtime.execution import STEP_OWNER, UnsupportedTrainingError
+        from .runtime import STEP_OWNER, UnsupportedTrainingError
 
         try:
             STEP_OWNER.enter()
@@ -524,7 +524,7 @@ class AutoPlan:
             self._note(f"step {self.steps}: warm-up ({desc}): saved activations on the host while the "
                        "optimizer creates its state")
             stack = contextlib.ExitStack()
-            from .runtime.offload import HostOffload
+            from .runtime import HostOffload
 
             hooks = HostOffload(self.device, self._persistent())
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack))
@@ -810,12 +810,12 @@ class AutoPlan:
         if not index.exists():
             return
         for key, item in _read_index(index).items():
-            if not key.partition("~")[0].endswith(self.plan_key):
-                continue  # made for another limit, planner or profile
             try:
                 names = [item["trace"], item["plan"]]
                 if not all(is_plain_name(n) for n in names):
                     raise TypeError("the trace and plan must be file names in the index's folder")
+                if not key.partition("~")[0].endswith(self.plan_key):
+                    continue  # made for another limit, planner or profile
                 trace = Trace.load(self.cache / names[0])
                 plan = Plan.load(self.cache / names[1], trace)
             except (KeyError, TypeError) as e:

@@ -8,20 +8,22 @@ says: it never plans, and refuses a plan without a schedule
 that compares it with other methods lives with the command line
 (:mod:`dqn_swap.cli.experiment`).
 
-Modules: :mod:`.backend` (streams, events, copies of CUDA and the CPU),
+Modules: :mod:`.backend` (streams, events, copies of CUDA and the CPU), :mod:`.offload` (safe mode),
 :mod:`.standin` (a CPU device with late copies and a checker), :mod:`.index`
 (the plan as lookup tables), :mod:`.swap`, :mod:`.recompute`, :mod:`.execution`.
 """
 
 from .backend import Backend, CudaBackend, HostBackend, backend_for
-from .execution import (HeldInputWarning, InfeasiblePlanError, IterationStats, PlannedExecution,
-                        PlannedOutOfMemoryError, UnsupportedTrainingError, enable_expandable_segments,
+from .execution import (ON_MISMATCH, STEP_OWNER, HeldInputWarning, InfeasiblePlanError, IterationStats,
+                        PlannedExecution, PlannedOutOfMemoryError, UnsupportedTrainingError, enable_expandable_segments,
                         prefetch_positions, refuse_unsupported)
 from .index import PlanIndex, build_index
+from .offload import HostOffload, host_buffer, persistent_storages
 from .recompute import RecomputeError, TraceMismatchError
 from .swap import HostBufferPool
 
-__all__ = ["Backend", "CudaBackend", "HeldInputWarning", "HostBackend", "HostBufferPool", "InfeasiblePlanError",
+__all__ = ["ON_MISMATCH", "STEP_OWNER", "Backend", "CudaBackend", "HeldInputWarning", "HostBackend", "HostBufferPool",
+           "HostOffload", "InfeasiblePlanError", "host_buffer", "persistent_storages",
            "IterationStats", "PlanIndex",
            "PlannedExecution", "PlannedOutOfMemoryError", "RecomputeError", "TraceMismatchError",
            "UnsupportedTrainingError", "backend_for", "build_index", "enable_expandable_segments",

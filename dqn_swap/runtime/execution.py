@@ -94,6 +94,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..limits import LimitSpec, resolve_limit
 from ..meter import gradient_bytes
+from ..ops import node_name
 from ..plan import Plan
 from ..support import COMPILED_STEP, fsdp_param_groups, under_torch_compile, unsupported_reason
 from ..trace import Trace, format_bytes
@@ -454,8 +455,7 @@ class _Iteration:
             return self.mismatch(k, t)
         nodes = self.rt.expected_nodes
         if nodes is not None:
-            node = t.grad_fn
-            name = type(node).__name__ if node is not None else ""
+            name = node_name(t)
             if name != nodes[k] and nodes[k] is not None:
                 self.diverge(
                     f"{self.index.pack_label(k)} was made by {nodes[k] or 'no autograd node'} when the trace was "
