@@ -21,6 +21,8 @@ from dqn_swap.simulator import schedule_plan
 from dqn_swap.trace import resolve_memory_limit
 from dqn_swap.user_loop import AutoPlanError, autoplan
 
+from .test_autoplan import assert_same_state
+
 
 def mlp(act: type[nn.Module], width: int = 64, depth: int = 6) -> nn.Module:
     torch.manual_seed(0)
@@ -95,19 +97,6 @@ def train(model: nn.Module, data: list[dict[str, torch.Tensor]], planned_kwargs:
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model, opt, planned, losses, peaks
-
-
-def assert_same(a: nn.Module, oa: torch.optim.Optimizer, b: nn.Module, ob: torch.optim.Optimizer) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
-    da, db = oa.state_dict(), ob.state_dict()
-    assert da["param_groups"] == db["param_groups"]
-    for k, st in da["state"].items():
-        for name, v in st.items():
-            w = db["state"][k][name]
-            assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (k, name)
 
 
 # ----------------------------------------------------------------------------- the live check
@@ -189,7 +178,7 @@ def test_data_that_changes_the_op_sequence_gets_a_plan_of_its_own() -> None:
     ref_model, ref_opt, _, ref_losses, _ = train(fresh(), data)
     model, opt, planned, losses, peaks = train(fresh(), data, {"memory_limit": "40%", "planner": "lru"}, measure=True)
     assert losses == ref_losses
-    assert_same(model, opt, ref_model, ref_opt)
+    assert_same_state(model, opt, ref_model, ref_opt)
     (variants,) = planned.variants.values()
     assert len(variants) == 2, planned.log
     assert planned.safe_steps >= 1 and any("left the plan" in line for line in planned.log)
@@ -217,7 +206,7 @@ def test_outputs_held_past_the_step_are_in_the_trace() -> None:
     ref = train(fresh(), data)
     got = train(fresh(), data, {"memory_limit": "50%", "planner": "lru"})
     assert got[3] == ref[3]
-    assert_same(got[0], got[1], ref[0], ref[1])
+    assert_same_state(got[0], got[1], ref[0], ref[1])
     (entry,) = got[2].entries.values()
     held = entry.trace.meta["held_outputs_bytes"]
     logits = 128 * 4 * 4
@@ -236,7 +225,7 @@ def test_a_parameter_group_added_midway_is_recorded_and_planned_again() -> None:
     ref = train(fresh(), data, add_group_at=4)
     got = train(fresh(), data, {"memory_limit": "50%", "planner": "lru"}, add_group_at=4)
     assert got[3] == ref[3]
-    assert_same(got[0], got[1], ref[0], ref[1])
+    assert_same_state(got[0], got[1], ref[0], ref[1])
     planned = got[2]
     assert any("optimizer made new state" in line for line in planned.log), planned.log
     assert len(planned.variants) == 2  # before the group, and with it and its state
@@ -324,7 +313,7 @@ def test_hugging_face_padding_collator_batches_train_bit_identically() -> None:
     ref = run(None)
     got = run({"memory_limit": "50%", "planner": "lru"})
     assert got[3] == ref[3]
-    assert_same(got[0], got[1], ref[0], ref[1])
+    assert_same_state(got[0], got[1], ref[0], ref[1])
     (variants,) = got[2].variants.values()
     assert len(variants) == 2, got[2].log
 
