@@ -87,6 +87,7 @@ from .units import format_bytes
 log = logging.getLogger("dqn_swap.autoplan")
 
 NEW_SHAPES = ("plan", "refuse")
+_RECORDING, _RECORDED = "autoplan.recording", "autoplan.recorded"  # allocator timeline marks
 #: Steps recorded, one after the other, once a step has left its plan, until one is a new variant: the
 #: step that left is over by then, and the next ones may be of the usual kind (a padded batch every
 #: third step).  Each costs one step in safe mode.
@@ -340,6 +341,8 @@ class _Recording:
     batch_size: int | None = None  # batch_size_of the call; None where it is ambiguous
     forward_end: int = -1  # the forward pass's last op: where the root module returned
     layout: tuple = ()  # the optimizer's layout as the recorded step began (optimizer_layout)
+    step: int = -1  # the step recorded (AutoPlan.steps as it began)
+    deferred: bool = False  # the optimizer's step is recorded; the trace is built as the next step begins
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     fb: contextlib.ExitStack | None = None  # forward and backward: hooks and the dispatch mode
     opt: contextlib.ExitStack | None = None  # the optimizer's step
@@ -360,6 +363,8 @@ class AutoPlan:
         log: one line per decision (warm-up, recording, new plan, planned step counts).
         record_peaks: per recorded signature, the device bytes the recording step allocated
             above its start at its peak (the allocator's timeline on cpu, peak statistics on cuda).
+        recorded: per recorded step (its number among the steps), the key of the entry it was
+            planned as, or of the variant it was found to be again.
         last: the kind of the last step: ``"warmup"``, ``"record"`` or ``"planned"``.
         last_entry: the :class:`Entry` the last planned step followed.
     """
@@ -439,6 +444,7 @@ class AutoPlan:
         self._gave_up: set[str] = set()  # signatures whose iterations keep changing (said once)
         self.log: list[str] = []
         self.record_peaks: dict[str, int] = {}
+        self.recorded: dict[int, str] = {}  # recorded step -> the entry it was planned as, or found again
         self.last: str | None = None
         self.last_entry: Entry | None = None
         self.steps = 0
@@ -602,9 +608,10 @@ class AutoPlan:
             torch.cuda.reset_peak_memory_stats(dev)
             start = torch.cuda.memory_allocated(dev)
         rec = _Recording(recorder, key, desc, _ModuleTracker(), timeline, start, batch_size=batch_size_of(args, kwargs),
-                         layout=optimizer_layout(self.optimizer))
+                         layout=optimizer_layout(self.optimizer), step=self.steps)
         if timeline is not None:
             rec.stack.enter_context(timeline)
+            AllocatorTimeline.instant(_RECORDING)
 
         def returned(mod: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             if rec.forward_end < 0:  # where the loop's name for the previous step's outputs is bound again
@@ -650,7 +657,7 @@ class AutoPlan:
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         rec = self._pending
-        if rec is None:
+        if rec is None or rec.deferred:
             return
         rec.recorder.phase = Phase.OPTIMIZER
         rec.opt = contextlib.ExitStack()
@@ -672,6 +679,14 @@ class AutoPlan:
             self._close(rec)
             self._note(f"step {self.steps - 1}: the optimizer made new state in the recorded step (parameters it "
                        "had not stepped before): the next step is recorded instead")
+            return
+        if rec.timeline is not None and rec.timeline.nested and not rec.timeline.ended:
+            # The recording's allocator timeline runs inside another (a benchmark measuring the whole
+            # run): closing it switches profiler sessions, which must not happen inside the profiler
+            # range Optimizer.step is in (meter's module docstring).  The next step, or save(), builds
+            # the trace; the peak is read up to this mark.
+            AllocatorTimeline.instant(_RECORDED)
+            rec.deferred = True
             return
         self._finish_recording()
 
@@ -706,7 +721,8 @@ class AutoPlan:
         self._close(rec)
         _end_scratch(recorder, rec.timeline)
         if rec.timeline is not None:
-            peak = int(rec.timeline.peak)
+            peak = (rec.timeline.between(_RECORDING, _RECORDED)[1] if _RECORDED in rec.timeline.marks
+                    else int(rec.timeline.peak))
         if peak is not None:
             self.record_peaks[rec.key] = peak
         meta = {"device": self.device.type, "profile": self.profile.name, "profile_params": self.profile.to_dict(),
@@ -739,6 +755,7 @@ class AutoPlan:
         self._recordings[rec.key] = self._recordings.get(rec.key, 0) + 1
         same = next((e for e in variants if _same_iteration(e.trace, trace)), None)
         if same is not None:
+            self.recorded[rec.step] = same.key
             if tries > 0:
                 self._record_next[rec.key] = tries
             self._note(f"the recorded step is variant {same.variant} of {rec.description} again: no new plan"
@@ -753,6 +770,7 @@ class AutoPlan:
                        f"({len(trace.saved)} saved tensors, {trace.n_ops} ops)")
         variants.append(entry)
         self.entries[entry.key] = entry
+        self.recorded[rec.step] = entry.key
         if self.cache is not None:
             self._save_entry(entry, self.cache)
 
@@ -762,7 +780,9 @@ class AutoPlan:
         if self.verbose:
             print(f"dqn-swap: planning {desc} with {self.planner_name!r} at {format_bytes(limit)} ...",
                   file=sys.stderr, flush=True)
-        with _rng_untouched(self.device):  # the user's random streams (dropout masks) are not the planner's
+        # The planner's own tensors are host memory, beside the device even when the model trains on
+        # the cpu (a benchmark measuring the run from the allocator leaves them out).
+        with _rng_untouched(self.device), AllocatorTimeline.aside():  # the user's random streams (dropout masks) are not the planner's
             if self._planner is None:  # (building the DQN's network draws its initial weights)
                 from . import get_planner
 
@@ -847,6 +867,8 @@ class AutoPlan:
 
     def save(self, directory: str | Path) -> Path:
         """Write every trace and plan made so far into ``directory`` (``cache=`` reads them back)."""
+        if self._pending is not None and self._pending.deferred:
+            self._finish_recording()
         for entry in self.entries.values():
             self._save_entry(entry, Path(directory))
         return Path(directory)
@@ -854,6 +876,8 @@ class AutoPlan:
     # ------------------------------------------------------------------ misc
     def remove(self) -> None:
         """Take autoplan's hooks off the model and optimizer: later steps run unplanned."""
+        if self._pending is not None and self._pending.deferred:
+            self._finish_recording()
         self._root_hook.remove()
         for h in self._opt_hooks:
             h.remove()

@@ -31,7 +31,18 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
+
+
+def host_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Host memory for a copy out: pinned on cuda; on the cpu NumPy's memory, which PyTorch's
+    allocator (and so the allocator timeline that stands in for device memory) does not see.
+    Host buffers pooled across steps in PyTorch's cpu allocator would be counted as device
+    bytes alive at every step's start, which no trace holds."""
+    if device.type == "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
 
 
 class Event(Protocol):
@@ -122,7 +133,7 @@ class HostBackend:
         return None
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return host_buffer(nbytes, self.device)
 
     def device_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)

@@ -32,13 +32,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-
-def host_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Host memory for a copy out: pinned on cuda; on the cpu NumPy's memory, which PyTorch's
-    allocator (and so the allocator timeline that stands in for device memory) does not see."""
-    if device.type == "cuda":
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
+from .backend import host_buffer
 
 
 class HostStorage:

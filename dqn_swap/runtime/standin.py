@@ -48,7 +48,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .backend import DONE, Event
+from .backend import DONE, Event, host_buffer
 
 
 class StandInEvent:
@@ -192,7 +192,7 @@ class StandInBackend:
             stream.submit(event.synchronize)
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return host_buffer(nbytes, torch.device("cpu"))
 
     def device_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)

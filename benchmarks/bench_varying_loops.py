@@ -1,0 +1,409 @@
+#!/usr/bin/env python
+"""Planned training on models and loops dqn-swap was not written on: does it stop, exceed its
+limit, or train differently?
+
+Every cell trains one workload of :mod:`loop_zoo` (Hugging Face models from small configurations
+with their defaults, PyG networks, custom ``autograd.Function``s, ``nn.MultiheadAttention``, a
+channels_last CNN) in one loop (plain, outputs held past ``optimizer.step()``, accumulation with
+clipping, a parameter group added midway, ``retain_graph`` with two backward passes, padded
+batches), in fp32 or bf16 autocast, at one limit, through one entry point:
+
+- ``autoplan``: ``dqn_swap.autoplan(model, limit, optimizer=...)`` in the loop;
+- ``execution``: a trace recorded with ``dqn_swap.record_trace`` on a separate build, planned, and
+  followed with ``PlannedExecution(..., on_mismatch="safe")`` (no re-planning);
+- ``trainer``: ``transformers.Trainer`` with ``DataCollatorWithPadding`` over sequences of varying
+  length and the ``AutoPlanCallback``.
+
+For each cell, against the same loop trained unplanned from the same seeds:
+
+- **stopped**: the run raised (the line is kept);
+- **over**: steps whose bytes alive at their peak (from one allocator timeline over the whole run,
+  from before the model is built: the step's start included) exceed the limit of the plan they
+  followed, or, for the steps before a plan exists (warm-up, recording), of the plan made from
+  them;
+- **ratio**: measured / predicted peak of every step that followed its plan to the end (predicted:
+  the simulator's instant-copy peak), its range over the cell;
+- **identical**: the model's ``state_dict`` and the optimizer's state bit-identical at the end, and
+  every loss;
+- **variants** planned and the share of steps that ran in **safe** mode.
+
+::
+
+    python benchmarks/bench_varying_loops.py --json benchmarks/results/varying_loops_cpu.json \\
+        --md benchmarks/results/varying_loops_cpu.md
+    python benchmarks/bench_varying_loops.py --models qwen2 pyg-gcn --quick   # a few cells
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loop_zoo as z  # noqa: E402
+from common import provenance, publish  # noqa: E402
+
+LIMITS = ("70%", "40%")
+PRECISIONS = ("fp32", "bf16")
+STEPS = 8
+
+
+class Positional(torch.nn.Module):
+    """The model called with positional arguments (``record_trace`` takes a tuple), or keywords."""
+
+    def __init__(self, inner: torch.nn.Module, keys: tuple[str, ...]) -> None:
+        super().__init__()
+        self.inner, self.keys = inner, keys
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(**dict(zip(self.keys, args)), **kwargs)
+
+
+def _predicted(entry: Any, cache: dict[int, int]) -> int:
+    from dqn_swap.simulator import instant_copy_peak
+
+    key = id(entry.plan)
+    if key not in cache:
+        cache[key] = instant_copy_peak(entry.trace, entry.plan)
+    return cache[key]
+
+
+def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | None) -> dict[str, Any]:
+    """The cell's figures (module docstring) from its run and the unplanned reference."""
+    cache: dict[int, int] = {}
+    over, ratios, safe = [], [], 0
+    for i, s in enumerate(got.steps):
+        entry = entries.get(s.entry) if s.entry is not None else None
+        limit = entry.plan.memory_limit if entry is not None else first_limit
+        if s.diverged:
+            safe += 1
+        if limit is not None and s.peak > limit:
+            over.append({"step": i, "kind": s.kind, "peak": s.peak, "limit": int(limit), "start": s.start})
+        if s.kind == "planned" and entry is not None and not s.diverged:
+            ratios.append(s.peak / _predicted(entry, cache))
+    diffs = z.differences(ref.state, got.state)
+    same_losses = ref.losses == got.losses
+    return {"over": over, "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+            "followed": len(ratios), "safe_steps": safe, "steps": len(got.steps),
+            "identical": not diffs and same_losses, "differences": diffs[:3] + ([] if same_losses else ["losses"])}
+
+
+def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner: str, ref: z.Run) -> dict[str, Any]:
+    from dqn_swap import autoplan
+
+    got, planned = z.run_loop(w, loop, precision, STEPS, lambda m, o: autoplan(
+        m, limit, optimizer=o, planner=planner, verbose=False))
+    for s in got.steps:  # safe mode: the planned step's stats say whether it left its plan
+        s.diverged = False
+    for line in planned.log:  # "step N: left the plan of ..."
+        if line.startswith("step ") and ": left the plan" in line:
+            got.steps[int(line.split()[1].rstrip(":"))].diverged = True
+    first = next(iter(planned.entries.values()), None)
+    out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
+    out["variants"] = sum(len(v) for v in planned.variants.values())
+    out["signatures"] = len(planned.variants)
+    return out
+
+
+def execution_cell(w: z.Workload, loop: str, precision: str, limit: str, planner: str) -> dict[str, Any]:
+    """record_trace on a separate build, one plan, PlannedExecution in the loop (against its own
+    unplanned reference: the model is wrapped to take positional arguments)."""
+    from dqn_swap import get_planner, record_trace
+    from dqn_swap.limits import resolve_limit
+    from dqn_swap.runtime import PlannedExecution
+
+    first = w.batches(1)[0]
+    keys = tuple(first)
+
+    def build() -> torch.nn.Module:
+        return Positional(w.build(), keys)
+
+    wrapped = z.Workload(w.name, w.family, build, w.make, w.loss, w.pads)
+    model = build()
+    auto = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+    def loss_fn(out: Any) -> torch.Tensor:
+        return w.loss(out)
+
+    class Auto(torch.nn.Module):  # record_trace calls the model; autocast around it as the loop has it
+        def __init__(self, m: torch.nn.Module) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, *a: Any) -> Any:
+            with auto:
+                return self.m(*a)
+
+    rec_model = Auto(model) if precision == "bf16" else model
+    trace = record_trace(rec_model, tuple(first[k] for k in keys), loss_fn,
+                         lambda params: z._optimizer_of(list(params)), device="cpu")
+    plan = get_planner(planner).plan(trace, resolve_limit(trace, limit))
+    ref, _ = z.run_loop(wrapped, loop, precision, STEPS)
+    got, rt = z.run_loop(wrapped, loop, precision, STEPS, lambda m, o: PlannedExecution(
+        m, plan, trace, on_mismatch="safe", allow_infeasible=True))
+
+    class E:  # one entry: the plan
+        pass
+
+    e = E()
+    e.plan, e.trace = plan, trace
+    for s in got.steps:
+        s.entry = "plan"
+    out = judge(ref, got, {"plan": e}, plan.memory_limit)
+    out["variants"], out["signatures"] = 1, 1
+    return out
+
+
+def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dict[str, Any]:
+    """``transformers.Trainer`` with ``DataCollatorWithPadding`` (sequences of 8 to 16 tokens, padded to
+    the longest of each batch) and the callback, against the same Trainer without it."""
+    import transformers
+
+    from dqn_swap.meter import AllocatorTimeline
+    from dqn_swap.trainer import AutoPlanCallback
+
+    g = torch.Generator().manual_seed(z.SEED)
+    rows = []
+    for _ in range(4 * STEPS):
+        n = int(torch.randint(z.SEQ // 2, z.SEQ + 1, (1,), generator=g))
+        ids = torch.randint(3, 96, (n,), generator=g).tolist()
+        row = {"input_ids": ids}
+        row["labels"] = int(torch.randint(0, 3, (1,), generator=g)) if w.name in ("deberta-v2", "bert", "distilbert") \
+            else None
+        rows.append(row)
+    collate_pad = transformers.DataCollatorWithPadding(tokenizer=_Pad(), padding="longest")
+
+    def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
+        labels = [f.pop("labels") for f in features]
+        b = dict(collate_pad([{"input_ids": f["input_ids"]} for f in features]))
+        if labels[0] is not None:
+            b["labels"] = torch.tensor(labels)
+        else:
+            b["labels"] = b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)
+        return b
+
+    def train(callback: Any, tmp: str) -> tuple[z.Run, Any]:
+        run = z.Run()
+        marks: list[tuple[str, dict[str, Any]]] = []
+        timeline = AllocatorTimeline(own_blocks=True)
+        with timeline:
+            model = w.build()
+            args = transformers.TrainingArguments(
+                output_dir=tmp, per_device_train_batch_size=4, max_steps=STEPS, report_to=[], use_cpu=True,
+                seed=z.SEED, save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+                bf16=precision == "bf16", max_grad_norm=1.0, lr_scheduler_type="linear", warmup_steps=1)
+
+            class Measure(transformers.TrainerCallback):
+                def on_pre_optimizer_step(self, *a: Any, **k: Any) -> None:
+                    name = f"step{len(marks)}"
+                    AllocatorTimeline.instant(name + ">")
+                    info: dict[str, Any] = {}
+                    if callback is not None and callback.planned is not None:
+                        p = callback.planned
+                        info = {"kind": p.last, "entry": p.last_entry.key if p.last_entry is not None else None,
+                                "diverged": bool(p.last == "planned" and p.stats is not None and p.stats.diverged)}
+                    marks.append((name, info))
+
+            trainer = transformers.Trainer(model=model, args=args, train_dataset=[dict(r) for r in rows],
+                                           data_collator=collate,
+                                           callbacks=[callback, Measure()] if callback else [Measure()])
+            step = trainer.training_step
+
+            def measured(*a: Any, **k: Any) -> Any:
+                AllocatorTimeline.instant(f"step{len(marks)}<")
+                out = step(*a, **k)
+                run.losses.append(float(out.detach().float()))
+                return out
+
+            trainer.training_step = measured
+            trainer.train()
+            run.state = z.state_of(model, trainer.optimizer.optimizer
+                                   if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer)
+        for name, info in marks:
+            before, peak = timeline.between(name + "<", name + ">")
+            run.steps.append(z.StepRecord(before, peak, info.get("kind", "unplanned"), info.get("entry"),
+                                          bool(info.get("diverged", False))))
+        return run, callback
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ref, _ = train(None, tmp)
+        cb = AutoPlanCallback(limit, planner=planner)
+        got, _ = train(cb, tmp)
+    planned = cb.planned
+    for i, s in enumerate(got.steps):
+        if s.kind == "record":
+            s.entry = planned.recorded.get(i)
+    first = next(iter(planned.entries.values()), None)
+    out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
+    out["variants"] = sum(len(v) for v in planned.variants.values())
+    out["signatures"] = len(planned.variants)
+    return out
+
+
+class _Pad:
+    """The two things DataCollatorWithPadding asks of a tokenizer."""
+
+    pad_token_id = 0
+    padding_side = "right"
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def pad(self, features: list[dict[str, Any]], padding: Any = True, max_length: int | None = None,
+            pad_to_multiple_of: int | None = None, return_tensors: str = "pt", **_: Any) -> dict[str, torch.Tensor]:
+        n = max_length or max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), n, dtype=torch.long)
+        mask = torch.zeros(len(features), n, dtype=torch.long)
+        for i, f in enumerate(features):
+            k = len(f["input_ids"])
+            ids[i, :k] = torch.tensor(f["input_ids"])
+            mask[i, :k] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def cells(models: list[str], quick: bool) -> list[tuple[str, ...]]:
+    """(entry point, model, loop, precision, limit) of every cell."""
+    out = []
+    for name in models:
+        w = z.WORKLOADS[name]()
+        loops = z.loops_for(w)
+        for loop in (loops[:2] if quick else loops):
+            for precision in PRECISIONS[:1] if quick else PRECISIONS:
+                for limit in LIMITS[1:] if quick else LIMITS:
+                    out.append(("autoplan", name, loop, precision, limit))
+        for precision in PRECISIONS[:1] if quick else PRECISIONS:
+            for limit in LIMITS[1:] if quick else LIMITS:
+                out.append(("execution", name, "padded" if w.pads else "plain", precision, limit))
+                if w.collate:
+                    out.append(("trainer", name, "collator", precision, limit))
+    return out
+
+
+def run(models: list[str], planner: str, quick: bool, progress: bool = True) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    todo = cells(models, quick)
+    refs: dict[tuple[str, str, str], z.Run] = {}
+    results = []
+    t0 = time.time()
+    for i, (entry, name, loop, precision, limit) in enumerate(todo):
+        w = z.WORKLOADS[name]()
+        start = time.thread_time()
+        row: dict[str, Any] = {"entry": entry, "model": name, "loop": loop, "precision": precision, "limit": limit}
+        sink = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(sink):
+                if entry == "autoplan":
+                    key = (name, loop, precision)
+                    if key not in refs:
+                        refs[key] = z.run_loop(w, loop, precision, STEPS)[0]
+                    row.update(autoplan_cell(w, loop, precision, limit, planner, refs[key]))
+                elif entry == "execution":
+                    row.update(execution_cell(w, loop, precision, limit, planner))
+                else:
+                    row.update(trainer_cell(w, precision, limit, planner))
+            row["stopped"] = None
+        except Exception as e:  # noqa: BLE001 - a stop is what the benchmark counts
+            row["stopped"] = _one_line(e)
+        row["cpu_s"] = round(time.thread_time() - start, 2)
+        gc.collect()
+        results.append(row)
+        if progress:
+            state = ("STOP " + row["stopped"]) if row["stopped"] else (
+                f"over {len(row['over'])}  ratio {_r(row['ratio_min'])}-{_r(row['ratio_max'])}  "
+                f"{'identical' if row['identical'] else 'DIFFERENT ' + ','.join(row['differences'])}  "
+                f"variants {row['variants']}  safe {row['safe_steps']}/{row['steps']}")
+            print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {entry} {name} {loop} {precision} {limit}: {state}",
+                  file=sys.stderr, flush=True)
+    return {"planner": planner, "steps_per_cell": STEPS, "cells": results, "summary": summarize(results)}
+
+
+def _r(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [r for r in rows if not r["stopped"]]
+    ratios = [x for r in done for x in (r["ratio_min"], r["ratio_max"]) if x is not None]
+    per_model: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        m = per_model.setdefault(r["model"], {"cells": 0, "stopped": 0, "over_steps": 0, "different": 0,
+                                              "variants": 0, "steps": 0, "safe_steps": 0})
+        m["cells"] += 1
+        if r["stopped"]:
+            m["stopped"] += 1
+            continue
+        m["over_steps"] += len(r["over"])
+        m["different"] += not r["identical"]
+        m["variants"] += r["variants"]
+        m["steps"] += r["steps"]
+        m["safe_steps"] += r["safe_steps"]
+    return {"cells": len(rows), "models": len(per_model), "stopped": len(rows) - len(done),
+            "stop_causes": dict(Counter(r["stopped"].split(":")[0] + ": " + r["stopped"].partition(": ")[2][:90]
+                                        for r in rows if r["stopped"]).most_common()),
+            "cells_over": sum(bool(r["over"]) for r in done), "steps_over": sum(len(r["over"]) for r in done),
+            "different": sum(not r["identical"] for r in done),
+            "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+            "cells_ratio_outside": sum(1 for r in done if r["ratio_min"] is not None
+                                       and (r["ratio_min"] < 0.95 or r["ratio_max"] > 1.0)),
+            "per_model": per_model}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    lines = [f"# Planned training on varying loops ({s['cells']} cells, {s['models']} models, planner "
+             f"`{result['planner']}`)", "",
+             f"- stopped: {s['stopped']}", f"- cells with a step over the limit: {s['cells_over']} "
+             f"({s['steps_over']} steps)", f"- not bit-identical: {s['different']}",
+             f"- measured/predicted on followed steps: {_r(s['ratio_min'])} to {_r(s['ratio_max'])} "
+             f"({s['cells_ratio_outside']} cells outside [0.95, 1.00])", ""]
+    if s["stop_causes"]:
+        lines += ["## Stops", "", "| count | cause |", "|---|---|"]
+        lines += [f"| {n} | {c.replace('|', '/')} |" for c, n in s["stop_causes"].items()] + [""]
+    lines += ["## Per model", "", "| model | cells | stopped | steps over | different | variants | safe steps |",
+              "|---|---|---|---|---|---|---|"]
+    for name, m in s["per_model"].items():
+        share = f"{m['safe_steps']}/{m['steps']}" if m["steps"] else "-"
+        lines.append(f"| {name} | {m['cells']} | {m['stopped']} | {m['over_steps']} | {m['different']} | "
+                     f"{m['variants']} | {share} |")
+    bad = [r for r in result["cells"] if r["stopped"] or r.get("over") or not r.get("identical", True)]
+    if bad:
+        lines += ["", "## Cells that fell short", "", "| entry | model | loop | precision | limit | what |",
+                  "|---|---|---|---|---|---|"]
+        for r in bad:
+            what = r["stopped"] or "; ".join(filter(None, [
+                f"{len(r['over'])} steps over (worst {max(o['peak'] / o['limit'] for o in r['over']):.3f}x)"
+                if r["over"] else "", "" if r["identical"] else "different: " + ", ".join(r["differences"])]))
+            lines.append(f"| {r['entry']} | {r['model']} | {r['loop']} | {r['precision']} | {r['limit']} | "
+                         f"{what.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", default=list(z.WORKLOADS), choices=list(z.WORKLOADS))
+    ap.add_argument("--planner", default="dqn")
+    ap.add_argument("--quick", action="store_true", help="two loops, fp32, one limit per model")
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    args = ap.parse_args(argv)
+    result = run(args.models, args.planner, args.quick)
+    result["provenance"] = provenance()
+    publish(result, markdown(result), args.json, args.md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
