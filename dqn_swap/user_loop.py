@@ -187,7 +187,9 @@ class _StepRecorder(_Recorder):
         return holder
 
     def unpack(self, holder: Any) -> torch.Tensor:  # type: ignore[override]
-        x = holder.tensor if isinstance(holder, _Saved) else holder
+        # The recorder marks the node's first unpack (Trace.saved_unpack_op): where the runtime
+        # gets control in backward and a prefetch can start (Trace.progress_ops).
+        x = super().unpack(holder)
         if not isinstance(x, _View):
             return x
         ref = self.back.get(x.key)

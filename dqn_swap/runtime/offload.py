@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
