@@ -398,8 +398,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="two loops, fp32, one limit per model")
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--merge", metavar="JSON", help="a result of an earlier run: its cells of other models are kept, "
+                                                    "those of --models replaced")
     args = ap.parse_args(argv)
     result = run(args.models, args.planner, args.quick)
+    if args.merge:
+        import json
+
+        earlier = json.loads(Path(args.merge).read_text())
+        kept = [c for c in earlier["cells"] if c["model"] not in args.models]
+        result["cells"] = kept + result["cells"]
+        result["summary"] = summarize(result["cells"])
+        result["merged_from"] = earlier.get("provenance")
     result["provenance"] = provenance()
     publish(result, markdown(result), args.json, args.md)
     return 0

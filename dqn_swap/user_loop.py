@@ -345,6 +345,7 @@ class _Recording:
     layout: tuple = ()  # the optimizer's layout as the recorded step began (optimizer_layout)
     step: int = -1  # the step recorded (AutoPlan.steps as it began)
     deferred: bool = False  # the optimizer's step is recorded; the trace is built as the next step begins
+    discard: bool = False  # not a steady-state iteration: closed without a trace
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     fb: contextlib.ExitStack | None = None  # forward and backward: hooks and the dispatch mode
     opt: contextlib.ExitStack | None = None  # the optimizer's step
@@ -480,7 +481,7 @@ class AutoPlan:
             raise AutoPlanError(str(e)) from None
         try:
             if self._pending is not None:
-                self._finish_recording()  # no optimizer step came after it (gradient accumulation)
+                self._settle()  # no optimizer step came after it (gradient accumulation), or deferred
             state = self._state = _StepState()
             ok = False
             try:
@@ -669,19 +670,17 @@ class AutoPlan:
         if self._warm_pending:
             self._warm, self._warm_pending = True, False
         rec = self._pending
-        if rec is None or rec.opt is None:
+        if rec is None or rec.opt is None or rec.deferred:
             return
         rec.opt.close()
         if optimizer_layout(self.optimizer) != rec.layout:
             # Not a steady-state iteration: the optimizer made state in it (a parameter group added, or
             # parameters stepped for the first time), so every later step begins with more bytes than
             # this one.  The next step, of the new layout, is recorded instead.
-            self._pending = None
+            rec.discard = True
             rec.recorder.active = False
-            self._close(rec)
             self._note(f"step {self.steps - 1}: the optimizer made new state in the recorded step (parameters it "
                        "had not stepped before): the next step is recorded instead")
-            return
         if rec.timeline is not None and rec.timeline.nested and not rec.timeline.ended:
             # The recording's allocator timeline runs inside another (a benchmark measuring the whole
             # run): closing it switches profiler sessions, which must not happen inside the profiler
@@ -689,6 +688,17 @@ class AutoPlan:
             # the trace; the peak is read up to this mark.
             AllocatorTimeline.instant(_RECORDED)
             rec.deferred = True
+            return
+        self._settle()
+
+    def _settle(self) -> None:
+        """The recording waiting for its end: discarded, or built into a trace and planned."""
+        rec = self._pending
+        if rec is None:
+            return
+        if rec.discard:
+            self._pending = None
+            self._close(rec)
             return
         self._finish_recording()
 
@@ -870,7 +880,7 @@ class AutoPlan:
     def save(self, directory: str | Path) -> Path:
         """Write every trace and plan made so far into ``directory`` (``cache=`` reads them back)."""
         if self._pending is not None and self._pending.deferred:
-            self._finish_recording()
+            self._settle()
         for entry in self.entries.values():
             self._save_entry(entry, Path(directory))
         return Path(directory)
@@ -879,7 +889,7 @@ class AutoPlan:
     def remove(self) -> None:
         """Take autoplan's hooks off the model and optimizer: later steps run unplanned."""
         if self._pending is not None and self._pending.deferred:
-            self._finish_recording()
+            self._settle()
         self._root_hook.remove()
         for h in self._opt_hooks:
             h.remove()
