@@ -185,6 +185,10 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
     collate_pad = transformers.DataCollatorWithPadding(tokenizer=_Pad(), padding="longest")
 
     def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
+        with AllocatorTimeline.aside():  # host memory: on a GPU the batch reaches the device in the step
+            return _collate(features)
+
+    def _collate(features: list[dict[str, Any]]) -> dict[str, Any]:
         labels = [f.pop("labels") for f in features]
         b = dict(collate_pad([{"input_ids": f["input_ids"]} for f in features]))
         if labels[0] is not None:
@@ -197,7 +201,7 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
         run = z.Run()
         marks: list[tuple[str, dict[str, Any]]] = []
         timeline = AllocatorTimeline(own_blocks=True)
-        with timeline:
+        with timeline, z.host_rng_states():
             model = w.build()
             args = transformers.TrainingArguments(
                 output_dir=tmp, per_device_train_batch_size=4, max_steps=STEPS, report_to=[], use_cpu=True,
@@ -220,9 +224,12 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
                                            callbacks=[callback, Measure()] if callback else [Measure()])
             step = trainer.training_step
 
-            def measured(*a: Any, **k: Any) -> Any:
+            def measured(model: Any, inputs: dict[str, Any], *a: Any, **k: Any) -> Any:
                 AllocatorTimeline.instant(f"step{len(marks)}<")
-                out = step(*a, **k)
+                # The batch's copy on the device, as the Trainer moves it there on a GPU (the collated
+                # one, and the next one it fetches ahead, are host memory there).
+                inputs = {key: v.clone() if isinstance(v, torch.Tensor) else v for key, v in inputs.items()}
+                out = step(model, inputs, *a, **k)
                 run.losses.append(float(out.detach().float()))
                 return out
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -452,6 +453,27 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
+@contextmanager
+def host_rng_states() -> Iterator[None]:
+    """``torch.get_rng_state()`` allocating beside the device: activation checkpointing keeps the
+    CPU generator's state (5,056 bytes a call) to replay dropout, a CPU tensor that on a GPU is
+    host memory.  On the CPU standing in for the device the allocator's timeline would count it;
+    the run's timeline leaves it out, as it does the runtime's host buffers (AllocatorTimeline.aside)."""
+    from dqn_swap.meter import AllocatorTimeline
+
+    get = torch.get_rng_state
+
+    def aside() -> torch.Tensor:
+        with AllocatorTimeline.aside():
+            return get()
+
+    torch.get_rng_state = aside
+    try:
+        yield
+    finally:
+        torch.get_rng_state = get
+
+
 def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callable[[nn.Module, Any], Any] | None = None,
              measure: bool = True) -> tuple[Run, Any]:
     """Train ``w`` for ``steps`` optimizer steps of ``loop`` in ``precision`` ("fp32" or "bf16" autocast).
@@ -468,7 +490,7 @@ def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callab
     run = Run()
     side = None
     marks: list[tuple[str, dict[str, Any]]] = []
-    with timeline:
+    with timeline, host_rng_states():
         model = w.build()
         model.train()
         opt = _optimizer(model, loop)
@@ -532,3 +554,64 @@ def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callab
             if s.kind == "record":
                 s.entry = side.recorded.get(i)
     return run, side
+
+
+# --------------------------------------------------------------------------- shapes that never repeat
+def sampled_graph_batches(n: int, nodes: int = 2000, edges: int = 8000, seeds: int = 24,
+                          seed: int = SEED) -> list[dict[str, Any]]:
+    """Mini-batches of a fixed random graph by neighbour sampling: ``seeds`` random target nodes and
+    their two-hop neighbourhood (``torch_geometric.utils.k_hop_subgraph``), relabelled; the loss
+    is on the targets.  Every batch has another node and edge count."""
+    from torch_geometric.utils import k_hop_subgraph
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(nodes, 16, generator=g)
+    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+    y = torch.randint(0, 4, (nodes,), generator=g)
+    out = []
+    for _ in range(n):
+        targets = torch.randperm(nodes, generator=g)[:seeds]
+        subset, sub_edges, mapping, _ = k_hop_subgraph(targets, 2, edge_index, relabel_nodes=True, num_nodes=nodes)
+        labels = torch.full((len(subset),), -100, dtype=torch.long)
+        labels[mapping] = y[targets]
+        out.append({"x": x[subset], "edge_index": sub_edges, "labels": labels})
+    return out
+
+
+class _SampledGNN(_PyG):
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        for conv in self.convs:
+            x = F.dropout(F.relu(conv(x, edge_index)), 0.1, self.training)
+        return {"loss": F.cross_entropy(self.head(x), labels, ignore_index=-100)}
+
+
+def unpadded_text_batches(n: int, low: int = 8, high: int = 48, seed: int = SEED) -> list[dict[str, Any]]:
+    """Batches of 4 sequences of one random length in [low, high] each, unpadded (a length-grouped
+    sampler without padding)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(low, high + 1, (1,), generator=g))
+        ids = torch.randint(3, 96, (BATCH, length), generator=g)
+        out.append({"input_ids": ids, "labels": ids.clone()})
+    return out
+
+
+#: (name, model factory, batches(n)) of the workloads whose shapes change at every step.
+VARYING: dict[str, tuple[Callable[[], nn.Module], Callable[[int], list[dict[str, Any]]]]] = {
+    "pyg-gcn-sampled": (_seeded(lambda: _SampledGNN("gcn")), sampled_graph_batches),
+    "pyg-sage-sampled": (_seeded(lambda: _SampledGNN("sage")), sampled_graph_batches),
+    "gpt2-unpadded": (_seeded(lambda: _tf().GPT2LMHeadModel(_tf().GPT2Config(
+        vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64))), unpadded_text_batches),
+}
+
+
+def run_varying(name: str, steps: int, planned: Callable[[nn.Module, Any], Any] | None = None) -> tuple[Run, Any]:
+    """:func:`run_loop`'s plain loop over a workload of :data:`VARYING` (loss: ``out["loss"]`` or
+    ``out.loss``)."""
+    build, batches = VARYING[name]
+    data = batches(steps)
+    w = Workload(name, "varying", build, lambda g, padded: {}, loss=lambda out: out["loss"] if isinstance(out, dict)
+                 else out.loss)
+    w.batches = lambda n, padded=False: data[:n]  # type: ignore[method-assign]
+    return run_loop(w, "plain", "fp32", steps, planned)

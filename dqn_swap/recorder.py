@@ -725,11 +725,24 @@ def _multi_grad_hook(tensors: list[torch.Tensor], fn: Callable[[], None]) -> lis
 
 
 class _ModuleTracker(ModuleTracker):
-    """:class:`ModuleTracker` whose backward hooks keep no gradient alive (:func:`_multi_grad_hook`)."""
+    """:class:`ModuleTracker` whose backward hooks keep no gradient alive (:func:`_multi_grad_hook`),
+    and that hooks no gradient of a module called inside backward.
+
+    Activation checkpointing (``torch.utils.checkpoint``, Hugging Face's
+    ``gradient_checkpointing_enable()``) calls modules again in backward to recompute their
+    activations; that graph is thrown away once they are recomputed.  A gradient hook on its
+    tensors would hold its nodes (a hook refers to the nodes it waits for, and sits on one of
+    them: a cycle through C++ the collector does not see), and the nodes the recomputed
+    activations, until the recording ends.  Measured on four checkpointed MLP blocks: PyTorch's
+    ``ModuleTracker`` raised training's peak from 1.32 to 2.30 MB, and the trace overstated the
+    peak by 24 %.  Their ops are named by the module all the same (the forward hooks still mark
+    it); their gradients never come."""
 
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:  # noqa: A002
         name = self._get_mod_name(mod)
         self._get_append_fn(name, False)()
+        if torch._C._current_graph_task_id() != -1:  # a recomputation inside backward
+            return
         tensors = [a for a in tree_flatten(input)[0] if isinstance(a, torch.Tensor) and a.requires_grad]
         if tensors:
             self._hooks.extend(_multi_grad_hook(tensors, self._get_pop_fn(name, True)))
@@ -737,6 +750,8 @@ class _ModuleTracker(ModuleTracker):
     def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:  # noqa: A002
         name = self._get_mod_name(mod)
         self._get_pop_fn(name, False)()
+        if torch._C._current_graph_task_id() != -1:
+            return
         tensors = [a for a in tree_flatten(output)[0] if isinstance(a, torch.Tensor) and a.requires_grad]
         if tensors:
             self._hooks.extend(_multi_grad_hook(tensors, self._get_append_fn(name, True)))

@@ -62,6 +62,7 @@ import hashlib
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,7 @@ from .units import format_bytes
 log = logging.getLogger("dqn_swap.autoplan")
 
 NEW_SHAPES = ("plan", "refuse")
+SHAPES = ("exact", "bucket")
 _RECORDING, _RECORDED = "autoplan.recording", "autoplan.recorded"  # allocator timeline marks
 #: Steps recorded, one after the other, once a step has left its plan, until one is a new variant: the
 #: step that left is over by then, and the next ones may be of the usual kind (a padded batch every
@@ -235,9 +237,20 @@ def _rng_untouched(device: torch.device) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- signatures
-def _describe(x: Any) -> Any:
+def bucket(n: int) -> int:
+    """The upper end of ``n``'s bucket of sizes: ``n`` up to 8, above it four buckets per doubling
+    (9-10, 11-12, ..., 17-20, 21-24, ..., 2049-2560, ...).  A plan is made for the largest size a
+    bucket met (``shapes="bucket"``), at most 25 % above the sizes it is followed on."""
+    if n <= 8:
+        return n
+    step = 1 << max(0, (n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def _describe(x: Any, buckets: bool = False) -> Any:
     if isinstance(x, torch.Tensor):
-        return ("tensor", tuple(x.shape), str(x.dtype), x.device.type, bool(x.requires_grad))
+        shape = tuple(bucket(d) for d in x.shape) if buckets else tuple(x.shape)
+        return ("tensor", shape, str(x.dtype), x.device.type, bool(x.requires_grad))
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     return type(x).__name__
@@ -284,11 +297,12 @@ def optimizer_layout(optimizer: torch.optim.Optimizer | None, state: bool = True
 
 
 def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bool = False,
-              optimizer: torch.optim.Optimizer | None = None) -> tuple[str, str]:
+              optimizer: torch.optim.Optimizer | None = None, buckets: bool = False) -> tuple[str, str]:
     """(key, description) of a call of ``model``: what a plan is made for (module docstring).
-    With ``shapes_only``, a key of the call's shapes and the parameters' alone."""
+    With ``shapes_only``, a key of the call's shapes and the parameters' alone; with ``buckets``,
+    every extent of the call's tensors is its :func:`bucket`'s upper end."""
     leaves, _ = tree_flatten_with_path((args, kwargs))
-    call = tuple((_name(p), _describe(x)) for p, x in leaves)
+    call = tuple((_name(p), _describe(x, buckets)) for p, x in leaves)
     params = tuple(tuple(p.shape) for p in model.parameters())
     grads = any(p.grad is not None for p in model.parameters())
     dev = next((p.device.type for p in model.parameters()), "cpu")
@@ -299,7 +313,8 @@ def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bo
     if shapes_only:
         return hashlib.sha256(repr((call, params)).encode()).hexdigest()[:16], ""
 
-    shapes = ", ".join(f"{p}={'x'.join(map(str, d[1])) or 'scalar'} {d[2].replace('torch.', '')}"
+    up = "<=" if buckets else ""
+    shapes = ", ".join(f"{p}={up}{'x'.join(map(str, d[1])) or 'scalar'} {d[2].replace('torch.', '')}"
                        for p, d in call if isinstance(d, tuple) and d and d[0] == "tensor")
     desc = f"{shapes or 'no tensor arguments'}{', gradients present' if grads else ''}"
     if autocast and autocast[0]:
@@ -377,7 +392,7 @@ class AutoPlan:
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
                  verbose: bool = True, runtime_options: dict[str, Any] | None = None,
-                 max_variants: int = MAX_VARIANTS) -> None:
+                 max_variants: int = MAX_VARIANTS, shapes: str = "exact") -> None:
         from .support import fsdp_param_groups, unsupported_reason
 
         if not isinstance(model, torch.nn.Module):
@@ -392,6 +407,8 @@ class AutoPlan:
             raise AutoPlanError(reason)
         if new_shapes not in NEW_SHAPES:
             raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
+        if shapes not in SHAPES:
+            raise AutoPlanError(f"shapes={shapes!r}: one of {', '.join(SHAPES)}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         from .checks import expect, expect_path
@@ -434,6 +451,9 @@ class AutoPlan:
             raise AutoPlanError("autoplan trains for real: the model is on 'meta'; move it to its device "
                                 "(record on meta with dqn_swap.record_trace instead)")
         self.max_variants = max_variants
+        self.buckets = shapes == "bucket"
+        self.replans = 0  # plans made again for a bucket's envelope (shapes="bucket")
+        self.planning_seconds = 0.0  # CPU seconds (this thread) spent planning
         # Every input of a plan but the iteration itself: the limit, the planner and its options, the
         # profile.  Part of every entry's key, so that a cache made for one limit is never read for another.
         self.plan_key = hashlib.sha256(repr((str(memory_limit), planner, sorted(self.planner_options.items()),
@@ -501,7 +521,7 @@ class AutoPlan:
             self._abandon(state)
             raise AutoPlanError("the model was called twice in one planned.step(): one step holds one forward "
                                 "pass (and its backward); use one `with planned.step():` per call")
-        key, desc = signature(module, args, kwargs, optimizer=self.optimizer)
+        key, desc = signature(module, args, kwargs, optimizer=self.optimizer, buckets=self.buckets)
         key += self.plan_key
         variants = self.variants.get(key)
         if variants and self.new_shapes == "refuse":
@@ -765,6 +785,8 @@ class AutoPlan:
         variants = self.variants.setdefault(rec.key, [])
         tries = self._record_next.pop(rec.key, 1) - 1
         self._recordings[rec.key] = self._recordings.get(rec.key, 0) + 1
+        if self.buckets and self._grow(variants, trace, rec):
+            return
         same = next((e for e in variants if _same_iteration(e.trace, trace)), None)
         if same is not None:
             self.recorded[rec.step] = same.key
@@ -786,6 +808,31 @@ class AutoPlan:
         if self.cache is not None:
             self._save_entry(entry, self.cache)
 
+    def _grow(self, variants: list[Entry], trace: Trace, rec: _Recording) -> bool:
+        """``shapes="bucket"``: a recording of a variant's structure on other sizes is covered by the
+        variant's trace (nothing to do), or widens it to their envelope, planned again.  False when
+        no variant has its structure (a new variant)."""
+        from .trace import dominates, envelope, same_structure
+
+        entry = next((e for e in variants if same_structure(e.trace, trace)), None)
+        if entry is None:
+            return False
+        self.recorded[rec.step] = entry.key
+        if dominates(entry.trace, trace):
+            self._note(f"the recorded step is covered by variant {entry.variant} of {rec.description}: no new plan")
+            return True
+        wide = envelope(entry.trace, trace)
+        if self.verbose:
+            print(f"dqn-swap: a step of {rec.description} was larger than its plan's trace: planning the envelope",
+                  file=sys.stderr, flush=True)
+        entry.trace, entry.plan, entry.runtime = wide, self._make_plan(wide, rec.description), None
+        self.replans += 1
+        self._note(f"variant {entry.variant} of {rec.description} widened to the envelope of "
+                   f"{wide.meta.get('envelope_of', 2)} recordings and planned again")
+        if self.cache is not None:
+            self._note("the cache keeps a bucket's first plan; the widened one is this run's")
+        return True
+
     # ------------------------------------------------------------------ planning
     def _make_plan(self, trace: Trace, desc: str) -> Plan:
         limit = resolve_limit(trace, self.memory_limit)
@@ -799,7 +846,9 @@ class AutoPlan:
                 from . import get_planner
 
                 self._planner = get_planner(self.planner_name, **self.planner_options)
+            start = time.thread_time()
             plan = self._planner.plan(trace, limit)
+            self.planning_seconds += time.thread_time() - start
         feasible = bool(plan.figures.get("feasible", True))
         self._note(f"planned {desc} with {self.planner_name!r} at {format_bytes(limit)}: {plan.n_swap} swaps, "
                    f"{plan.n_recompute} recomputes, simulated overhead "
@@ -826,6 +875,8 @@ class AutoPlan:
             if self.allow_infeasible:
                 opts.setdefault("allow_infeasible", True)
             opts.setdefault("on_mismatch", "safe")
+            if self.buckets:
+                opts.setdefault("shapes", "bounded")
             entry.runtime = PlannedExecution(self.model, entry.plan, entry.trace, **opts)
         return entry.runtime
 
@@ -902,7 +953,8 @@ class AutoPlan:
 
     def summary(self) -> dict[str, Any]:
         return {"steps": self.steps, "planner": self.planner_name, "last": self.last, "log": list(self.log),
-                "record_peaks": dict(self.record_peaks), "safe_steps": self.safe_steps,
+                "record_peaks": dict(self.record_peaks), "safe_steps": self.safe_steps, "replans": self.replans,
+                "planning_seconds": round(self.planning_seconds, 3),
                 "variants": {k: len(v) for k, v in self.variants.items()},
                 "plans": {k: {"signature": e.description, "variant": e.variant, "followed": e.followed,
                               "diverged": e.diverged, "swaps": e.plan.n_swap, "recomputes": e.plan.n_recompute,
@@ -929,7 +981,8 @@ class _Handle:
 
 def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = "dqn",
              optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
-             allow_infeasible: bool = False, new_shapes: str = "plan", **options: Any) -> AutoPlan:
+             allow_infeasible: bool = False, new_shapes: str = "plan", shapes: str = "exact",
+             **options: Any) -> AutoPlan:
     """Turn on planned training in your own loop: ``with planned.step():`` around each forward and
     backward (:mod:`dqn_swap.autoplan`).
 
@@ -943,11 +996,15 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
         cache: a folder keeping traces and plans across runs (read first, then added to).
         allow_infeasible: follow a plan the simulator found over the limit (refused otherwise).
         new_shapes: ``"plan"`` (record and plan a call of a new signature) or ``"refuse"``.
+        shapes: ``"exact"`` (a plan per set of shapes) or ``"bucket"``: calls whose extents fall in
+            the same buckets (:func:`bucket`, four per doubling) share a plan, made for the
+            envelope of the recordings of the bucket so far and followed by every smaller member
+            (for shapes that never repeat: neighbour-sampled graphs, unpadded sequences).
         **options: ``profile`` (device profile for op times), ``planner_options``,
             ``runtime_options`` (for :class:`~dqn_swap.runtime.PlannedExecution`), ``verbose``.
     """
     return AutoPlan(model, memory_limit, planner=planner, optimizer=optimizer, cache=cache,
-                    allow_infeasible=allow_infeasible, new_shapes=new_shapes, **options)
+                    allow_infeasible=allow_infeasible, new_shapes=new_shapes, shapes=shapes, **options)
 
 
 __all__ = ["AutoPlan", "AutoPlanError", "Entry", "autoplan", "batch_size_of", "signature"]

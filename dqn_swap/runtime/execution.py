@@ -111,6 +111,7 @@ R = TypeVar("R")
 #: What a live iteration that is not the plan's trace does: stop (``TraceMismatchError``) or go on in
 #: safe mode from there (:mod:`.offload`).
 ON_MISMATCH = ("raise", "safe")
+SHAPES = ("exact", "bounded")
 
 
 class PlannedOutOfMemoryError(torch.OutOfMemoryError):
@@ -448,10 +449,14 @@ class _Iteration:
         """The live check: what autograd saves at pack ``k`` must be what the recorder saw there
         (shape, dtype, storage size); the first difference stops the iteration (:meth:`mismatch`)."""
         dtype, shape, size, below = self.expected[k]
-        if (shape is not None and t.shape != shape) or (dtype is not None and t.dtype is not dtype):
+        if dtype is not None and t.dtype is not dtype:
+            return self.mismatch(k, t)
+        bounded = self.rt.bounded
+        if shape is not None and t.shape != shape and not (
+                bounded and len(t.shape) == len(shape) and all(a <= b for a, b in zip(t.shape, shape))):
             return self.mismatch(k, t)
         nbytes = t.untyped_storage().nbytes()
-        if nbytes > size or nbytes <= below:
+        if nbytes > size or (nbytes <= below and not bounded):
             return self.mismatch(k, t)
         nodes = self.rt.expected_nodes
         if nodes is not None:
@@ -944,6 +949,11 @@ class PlannedExecution:
         allow_infeasible: follow a plan the simulator finds infeasible (with ``check_plan`` off, one
             whose ``plan.figures["feasible"]`` is false); without it such a plan is refused
             (:class:`InfeasiblePlanError`).
+        shapes: ``"exact"`` (default): every saved tensor has the shape the trace recorded;
+            ``"bounded"``: a saved tensor may be smaller in any dimension (and its storage in
+            bytes), as in a bucket of shapes whose trace is the bucket's envelope
+            (:func:`dqn_swap.trace.envelope`): the same ops on smaller tensors, under the same
+            schedule, hold at most the bytes the plan was made for.
         on_mismatch: ``"raise"`` (default): an iteration that is not the trace's stops with
             :class:`TraceMismatchError`; ``"safe"``: it goes on in safe mode from the point where it
             left the trace (every later saved tensor on the host until backward needs it,
@@ -972,11 +982,15 @@ class PlannedExecution:
                  device: str | torch.device | None = None, backend: Backend | None = None,
                  memory_limit: LimitSpec | None = None, max_inflight_bytes: int | None = None,
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
-                 check_plan: bool = True, allow_infeasible: bool = False, on_mismatch: str = "raise") -> None:
+                 check_plan: bool = True, allow_infeasible: bool = False, on_mismatch: str = "raise",
+                 shapes: str = "exact") -> None:
         from ..checks import expect
 
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch={on_mismatch!r}: one of {', '.join(map(repr, ON_MISMATCH))}")
+        if shapes not in SHAPES:
+            raise ValueError(f"shapes={shapes!r}: one of {', '.join(map(repr, SHAPES))}")
+        self.bounded = shapes == "bounded"
         expect(model, torch.nn.Module, "model", none=True, what="a torch.nn.Module")
         expect(plan, Plan, "plan")
         expect(trace, Trace, "trace")
