@@ -57,6 +57,7 @@ from common import provenance, publish  # noqa: E402
 LIMITS = ("70%", "40%")
 PRECISIONS = ("fp32", "bf16")
 STEPS = 8
+SHAPE_STEPS = 100  # steps of a workload whose shapes change at every step
 
 
 class Positional(torch.nn.Module):
@@ -258,6 +259,27 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
     return out
 
 
+def shapes_cell(name: str, mode: str, limit: str, planner: str, steps: int) -> dict[str, Any]:
+    """A workload whose shapes change at every step (:data:`loop_zoo.VARYING`: neighbour-sampled graphs,
+    unpadded sequences), ``steps`` steps with ``autoplan(shapes=mode)``: "exact" records and plans
+    every new set of shapes, "bucket" plans a bucket's envelope and follows it on smaller members."""
+    from dqn_swap import autoplan
+
+    ref, _ = z.run_varying(name, steps)
+    got, planned = z.run_varying(name, steps, lambda m, o: autoplan(m, limit, optimizer=o, planner=planner,
+                                                                     verbose=False, shapes=mode))
+    for line in planned.log:
+        if line.startswith("step ") and ": left the plan" in line:
+            got.steps[int(line.split()[1].rstrip(":"))].diverged = True
+    first = next(iter(planned.entries.values()), None)
+    out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
+    kinds = Counter(s.kind for s in got.steps)
+    out.update(variants=len(planned.entries), signatures=len(planned.variants), replans=planned.replans,
+               recorded_steps=kinds.get("record", 0), planned_steps=kinds.get("planned", 0),
+               planning_seconds_per_100_steps=round(100 * planned.planning_seconds / steps, 3))
+    return out
+
+
 class _Pad:
     """The two things DataCollatorWithPadding asks of a tokenizer."""
 
@@ -281,9 +303,13 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def cells(models: list[str], quick: bool) -> list[tuple[str, ...]]:
+def cells(models: list[str], quick: bool, shape_models: list[str] = ()) -> list[tuple[str, ...]]:
     """(entry point, model, loop, precision, limit) of every cell."""
     out = []
+    for name in shape_models:
+        for mode in ("exact", "bucket"):
+            for limit in LIMITS[1:] if quick else LIMITS:
+                out.append(("shapes", name, mode, "fp32", limit))
     for name in models:
         w = z.WORKLOADS[name]()
         loops = z.loops_for(w)
@@ -299,14 +325,15 @@ def cells(models: list[str], quick: bool) -> list[tuple[str, ...]]:
     return out
 
 
-def run(models: list[str], planner: str, quick: bool, progress: bool = True) -> dict[str, Any]:
+def run(models: list[str], planner: str, quick: bool, progress: bool = True,
+        shape_models: list[str] = ()) -> dict[str, Any]:
     torch.set_num_threads(1)
-    todo = cells(models, quick)
+    todo = cells(models, quick, shape_models)
     refs: dict[tuple[str, str, str], z.Run] = {}
     results = []
     t0 = time.time()
     for i, (entry, name, loop, precision, limit) in enumerate(todo):
-        w = z.WORKLOADS[name]()
+        w = z.WORKLOADS[name]() if name in z.WORKLOADS else None
         start = time.thread_time()
         row: dict[str, Any] = {"entry": entry, "model": name, "loop": loop, "precision": precision, "limit": limit}
         sink = io.StringIO()
@@ -319,8 +346,10 @@ def run(models: list[str], planner: str, quick: bool, progress: bool = True) -> 
                     row.update(autoplan_cell(w, loop, precision, limit, planner, refs[key]))
                 elif entry == "execution":
                     row.update(execution_cell(w, loop, precision, limit, planner))
-                else:
+                elif entry == "trainer":
                     row.update(trainer_cell(w, precision, limit, planner))
+                else:
+                    row.update(shapes_cell(name, loop, limit, planner, 30 if quick else SHAPE_STEPS))
             row["stopped"] = None
         except Exception as e:  # noqa: BLE001 - a stop is what the benchmark counts
             row["stopped"] = _one_line(e)
@@ -402,18 +431,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=list(z.WORKLOADS), choices=list(z.WORKLOADS))
     ap.add_argument("--planner", default="dqn")
+    ap.add_argument("--shape-models", nargs="*", default=list(z.VARYING), choices=list(z.VARYING),
+                    help="workloads whose shapes change at every step (exact shapes against buckets)")
     ap.add_argument("--quick", action="store_true", help="two loops, fp32, one limit per model")
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--merge", metavar="JSON", help="a result of an earlier run: its cells of other models are kept, "
                                                     "those of --models replaced")
     args = ap.parse_args(argv)
-    result = run(args.models, args.planner, args.quick)
+    result = run(args.models, args.planner, args.quick, shape_models=args.shape_models)
     if args.merge:
         import json
 
         earlier = json.loads(Path(args.merge).read_text())
-        kept = [c for c in earlier["cells"] if c["model"] not in args.models]
+        kept = [c for c in earlier["cells"] if c["model"] not in args.models + args.shape_models]
         result["cells"] = kept + result["cells"]
         result["summary"] = summarize(result["cells"])
         result["merged_from"] = earlier.get("provenance")

@@ -683,8 +683,15 @@ class _Recorder(TorchDispatchMode):
         if t.device.type != self.device_type:
             return t
         tid = self.tid_of(local_tensor(t))
-        # what the pack held, for the runtime's check of a live iteration at the same pack
-        k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."), node_name(t))
+        if self.phase != Phase.FORWARD:
+            # A graph made and run inside backward (reentrant activation checkpointing recomputes
+            # a block with gradients on and runs its backward there): what it saves lives as long as
+            # autograd holds it, but it is no pack of the iteration's forward pass, which is all a
+            # plan acts on (the runtime lets such packs pass).
+            k = -1
+        else:
+            # what the pack held, for the runtime's check of a live iteration at the same pack
+            k = self.b.mark_saved(tid, tuple(t.shape), str(t.dtype).removeprefix("torch."), node_name(t))
         holder = _Saved(t, k)
         if tid not in self.unsharded_tids:
             self.holders[tid] += 1
@@ -694,7 +701,7 @@ class _Recorder(TorchDispatchMode):
     def unpack(self, holder: "_Saved | torch.Tensor") -> torch.Tensor:
         if not isinstance(holder, _Saved):
             return holder
-        if self.active:
+        if self.active and holder.index >= 0:
             # A node unpacks all its saved tensors right before its first op: the ops so far have
             # run (``Trace.saved_unpack_op``).
             self.b.mark_unpacked(holder.index)

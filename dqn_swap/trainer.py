@@ -102,6 +102,11 @@ class AutoPlanCallback(TrainerCallback):
             self._hook = None
         if self.planned is not None:
             self.planned.remove()
+            p = self.planned
+            n = sum(len(v) for v in p.variants.values())
+            self.planned._note(f"training ended: {n} plan(s) for {len(p.variants)} signature(s) "
+                               f"({p.replans} planned again for larger shapes or more bytes beside them), "
+                               f"{p.safe_steps} of {p.steps} steps left their plan and ran in safe mode")
         self._model = None  # another train() starts a new autoplan
 
 

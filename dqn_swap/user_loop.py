@@ -97,6 +97,9 @@ RECORD_TRIES = 4
 #: Variants planned per signature at most (``max_variants``): past them, a step that leaves every
 #: plan runs in safe mode from there.
 MAX_VARIANTS = 8
+#: Bytes (or 1 % of the trace's state, the larger) more alive at a step's start than its plan was
+#: made for, past which the step is recorded and planned again (``AutoPlan._growth``).
+GROWTH_SLACK = 1 << 20
 
 
 class AutoPlanError(RuntimeError):
@@ -303,6 +306,7 @@ def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bo
     every extent of the call's tensors is its :func:`bucket`'s upper end."""
     leaves, _ = tree_flatten_with_path((args, kwargs))
     call = tuple((_name(p), _describe(x, buckets)) for p, x in leaves)
+    seen = tuple((_name(p), _describe(x)) for p, x in leaves) if buckets else call
     params = tuple(tuple(p.shape) for p in model.parameters())
     grads = any(p.grad is not None for p in model.parameters())
     dev = next((p.device.type for p in model.parameters()), "cpu")
@@ -313,9 +317,8 @@ def signature(model: torch.nn.Module, args: tuple, kwargs: dict, shapes_only: bo
     if shapes_only:
         return hashlib.sha256(repr((call, params)).encode()).hexdigest()[:16], ""
 
-    up = "<=" if buckets else ""
-    shapes = ", ".join(f"{p}={up}{'x'.join(map(str, d[1])) or 'scalar'} {d[2].replace('torch.', '')}"
-                       for p, d in call if isinstance(d, tuple) and d and d[0] == "tensor")
+    shapes = ", ".join(f"{p}={'x'.join(map(str, d[1])) or 'scalar'} {d[2].replace('torch.', '')}"
+                       for p, d in seen if isinstance(d, tuple) and d and d[0] == "tensor")
     desc = f"{shapes or 'no tensor arguments'}{', gradients present' if grads else ''}"
     if autocast and autocast[0]:
         desc += f", autocast {autocast[1].replace('torch.', '')}"
@@ -392,7 +395,7 @@ class AutoPlan:
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
                  verbose: bool = True, runtime_options: dict[str, Any] | None = None,
-                 max_variants: int = MAX_VARIANTS, shapes: str = "exact") -> None:
+                 max_variants: int = MAX_VARIANTS, shapes: str = "bucket") -> None:
         from .support import fsdp_param_groups, unsupported_reason
 
         if not isinstance(model, torch.nn.Module):
@@ -465,6 +468,7 @@ class AutoPlan:
         self._record_next: dict[str, int] = {}
         self._recordings: dict[str, int] = {}  # signature key -> recordings made of it
         self._gave_up: set[str] = set()  # signatures whose iterations keep changing (said once)
+        self._regrow: set[str] = set()  # entries recorded again because more was alive at a step's start
         self.log: list[str] = []
         self.record_peaks: dict[str, int] = {}
         self.recorded: dict[int, str] = {}  # recorded step -> the entry it was planned as, or found again
@@ -535,6 +539,17 @@ class AutoPlan:
         if variants:
             # The variant most steps followed to the end (the first planned, between equals).
             entry = max(variants, key=lambda e: (e.followed, -e.variant))
+            grown = self._growth(entry)
+            if grown > 0 and self._warm:
+                # More is alive as the step begins than when its plan was made (a cache the loop
+                # keeps, another model's tensors): the plan's budget is off by that much.  Recorded
+                # again, the trace holds the new bytes beside it and its plan is made for them.
+                state.kind = "record"
+                self._regrow.add(entry.key)
+                self._note(f"step {self.steps}: {format_bytes(grown)} more alive as the step begins than when the "
+                           f"plan of {desc} was made: recording it again")
+                self._start_recording(module, args, kwargs, key, desc)
+                return None
             state.kind, state.entry = "planned", entry
             rt = self._runtime(entry)
             rt.__enter__()
@@ -611,6 +626,17 @@ class AutoPlan:
                        f"{len(self.variants[sig])} variants): steps that leave a plan run in safe mode from there")
             return
         self._record_next.setdefault(sig, RECORD_TRIES)
+
+    def _growth(self, entry: Entry) -> int:
+        """Bytes alive on the device as a step begins beyond what ``entry``'s plan was made for (its
+        trace's state and the bytes beside it), past :data:`GROWTH_SLACK`; 0 where the device does
+        not say (the cpu: no allocator statistics; there the signature, the optimizer's layout and
+        the outputs held are what changes memory between steps)."""
+        if self.device.type != "cuda":
+            return 0
+        alive = torch.cuda.memory_allocated(self.device)
+        grown = alive - entry.trace.initial_bytes - entry.trace.outside_bytes
+        return grown if grown > max(GROWTH_SLACK, entry.trace.initial_bytes // 100) else 0
 
     # ---------------------------------------------------------------- recording
     def _persistent(self) -> set[int]:
@@ -785,9 +811,22 @@ class AutoPlan:
         variants = self.variants.setdefault(rec.key, [])
         tries = self._record_next.pop(rec.key, 1) - 1
         self._recordings[rec.key] = self._recordings.get(rec.key, 0) + 1
-        if self.buckets and self._grow(variants, trace, rec):
+        grown = self._grow(variants, trace, rec) if self.buckets else None
+        if grown is not None:
+            if grown == "covered" and tries > 0:  # still looking for the kind that left the plan
+                self._record_next[rec.key] = tries
             return
         same = next((e for e in variants if _same_iteration(e.trace, trace)), None)
+        if same is not None and same.key in self._regrow:
+            # Recorded again because more was alive as a step began: the same iteration, planned for
+            # the bytes now beside it.
+            self._regrow.discard(same.key)
+            self.recorded[rec.step] = same.key
+            same.trace, same.plan, same.runtime = trace, self._make_plan(trace, rec.description), None
+            self.replans += 1
+            self._note(f"variant {same.variant} of {rec.description} planned again for "
+                       f"{format_bytes(trace.outside_bytes)} beside it")
+            return
         if same is not None:
             self.recorded[rec.step] = same.key
             if tries > 0:
@@ -808,19 +847,19 @@ class AutoPlan:
         if self.cache is not None:
             self._save_entry(entry, self.cache)
 
-    def _grow(self, variants: list[Entry], trace: Trace, rec: _Recording) -> bool:
+    def _grow(self, variants: list[Entry], trace: Trace, rec: _Recording) -> str | None:
         """``shapes="bucket"``: a recording of a variant's structure on other sizes is covered by the
-        variant's trace (nothing to do), or widens it to their envelope, planned again.  False when
-        no variant has its structure (a new variant)."""
+        variant's trace (``"covered"``: nothing to do), or widens it to their envelope, planned
+        again (``"widened"``).  None when no variant has its structure (a new variant)."""
         from .trace import dominates, envelope, same_structure
 
         entry = next((e for e in variants if same_structure(e.trace, trace)), None)
         if entry is None:
-            return False
+            return None
         self.recorded[rec.step] = entry.key
         if dominates(entry.trace, trace):
             self._note(f"the recorded step is covered by variant {entry.variant} of {rec.description}: no new plan")
-            return True
+            return "covered"
         wide = envelope(entry.trace, trace)
         if self.verbose:
             print(f"dqn-swap: a step of {rec.description} was larger than its plan's trace: planning the envelope",
@@ -831,7 +870,7 @@ class AutoPlan:
                    f"{wide.meta.get('envelope_of', 2)} recordings and planned again")
         if self.cache is not None:
             self._note("the cache keeps a bucket's first plan; the widened one is this run's")
-        return True
+        return "widened"
 
     # ------------------------------------------------------------------ planning
     def _make_plan(self, trace: Trace, desc: str) -> Plan:
@@ -981,7 +1020,7 @@ class _Handle:
 
 def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = "dqn",
              optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
-             allow_infeasible: bool = False, new_shapes: str = "plan", shapes: str = "exact",
+             allow_infeasible: bool = False, new_shapes: str = "plan", shapes: str = "bucket",
              **options: Any) -> AutoPlan:
     """Turn on planned training in your own loop: ``with planned.step():`` around each forward and
     backward (:mod:`dqn_swap.autoplan`).
@@ -996,10 +1035,11 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
         cache: a folder keeping traces and plans across runs (read first, then added to).
         allow_infeasible: follow a plan the simulator found over the limit (refused otherwise).
         new_shapes: ``"plan"`` (record and plan a call of a new signature) or ``"refuse"``.
-        shapes: ``"exact"`` (a plan per set of shapes) or ``"bucket"``: calls whose extents fall in
-            the same buckets (:func:`bucket`, four per doubling) share a plan, made for the
-            envelope of the recordings of the bucket so far and followed by every smaller member
-            (for shapes that never repeat: neighbour-sampled graphs, unpadded sequences).
+        shapes: ``"bucket"`` (default): calls whose extents fall in the same buckets
+            (:func:`bucket`, four per doubling) share a plan, made for the envelope of the
+            recordings of the bucket so far and followed by every smaller member (shapes that
+            never repeat: neighbour-sampled graphs, unpadded sequences, a short last batch);
+            ``"exact"``: a plan per set of shapes.
         **options: ``profile`` (device profile for op times), ``planner_options``,
             ``runtime_options`` (for :class:`~dqn_swap.runtime.PlannedExecution`), ``verbose``.
     """

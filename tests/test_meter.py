@@ -57,3 +57,62 @@ def test_peak_net_and_marked_windows_are_exact():
 def test_live_bytes_counts_each_storage_once():
     a = torch.empty(10)
     assert live_bytes([a, a[2:], {"x": a.view(2, 5)}]) == 40
+
+
+def test_a_timeline_inside_another_pauses_it_and_hands_its_events_back():
+    """The inner timeline measures its own block; the outer's curve is the whole region's, the inner
+    block's allocations and frees (of blocks the outer saw allocated) included.  (``own_blocks``:
+    frees of garbage earlier tests left are not counted.)"""
+    gc.collect()
+    gc.disable()
+    try:
+        with AllocatorTimeline(own_blocks=True) as outer:
+            a = torch.empty(1000, dtype=torch.uint8)
+            with AllocatorTimeline(own_blocks=True) as inner:
+                b = torch.empty(500, dtype=torch.uint8)
+                del a  # allocated in the outer's session, freed in the inner's
+                c = torch.empty(300, dtype=torch.uint8)
+            del b
+            d = torch.empty(2000, dtype=torch.uint8)
+        del c, d
+    finally:
+        gc.enable()
+    assert inner.nested and not outer.nested
+    assert inner.curve()[1].tolist() == [500, 800]  # the free of `a`, allocated before it, is not its own
+    assert outer.curve()[1].tolist() == [1000, 1500, 500, 800, 300, 2300]
+
+
+def test_an_outer_timeline_that_closes_first_ends_the_inner_one():
+    with AllocatorTimeline(own_blocks=True) as outer:
+        inner = AllocatorTimeline(own_blocks=True).__enter__()
+        x = torch.empty(700, dtype=torch.uint8)
+    y = torch.empty(900, dtype=torch.uint8)  # after both ended: in neither
+    assert inner.ended
+    inner.__exit__(None, None, None)  # its owner closes it later: it keeps what it had
+    assert inner.peak == outer.peak == 700
+    del x, y
+
+
+def test_own_blocks_leaves_out_frees_of_earlier_blocks_and_what_is_set_aside():
+    """A block allocated in an earlier profiler session and freed inside counts below the start by
+    default, not with ``own_blocks``; allocations inside ``aside()`` (host memory beside the device)
+    are left out with their frees."""
+    with AllocatorTimeline():
+        old = torch.empty(4000, dtype=torch.uint8)
+        older = torch.empty(3000, dtype=torch.uint8)
+    gc.collect()
+    gc.disable()
+    try:
+        with AllocatorTimeline() as plain:
+            del older
+        with AllocatorTimeline(own_blocks=True) as own:
+            del old
+            with AllocatorTimeline.aside():
+                host = torch.empty(5000, dtype=torch.uint8)
+            x = torch.empty(100, dtype=torch.uint8)
+            del host
+    finally:
+        gc.enable()
+    assert plain.curve()[1].tolist() == [-3000]
+    assert own.curve()[1].tolist() == [100]
+    del x

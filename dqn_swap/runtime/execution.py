@@ -371,6 +371,8 @@ class _Iteration:
     def pack(self, t: torch.Tensor) -> Any:
         if t.is_cuda is not self.cuda:
             return t  # another device: the recorder neither counted nor tracked it
+        if torch._C._current_graph_task_id() != -1:
+            return t  # a graph made inside backward (reentrant checkpointing): no pack of the trace's
         k = self.n_packed
         self.n_packed = k + 1
         if self.safe is None:
@@ -472,7 +474,7 @@ class _Iteration:
         batch, usually), then the hooks come off: checking every pack would cost an empty plan
         3-5 % of a step (measured on the CPU), and a plan that does nothing cannot act on a wrong
         tensor.  Ours are on top: this runs in our pack hook."""
-        if t.is_cuda is not self.cuda:
+        if t.is_cuda is not self.cuda or torch._C._current_graph_task_id() != -1:
             return t
         k = self.n_packed
         self.n_packed = k + 1
