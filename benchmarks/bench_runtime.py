@@ -15,6 +15,11 @@ Three measurements, each a subcommand:
     unplanned training of the same model, the methods interleaved step by
     step in one run so that they compare as ratios on a shared machine.
 
+``clock`` (CPU)
+    The same cases through the real runtime on the virtual clock
+    (:mod:`dqn_swap.runtime.clock`): the step's virtual time against the
+    simulator's makespan for the plan.
+
 ``memory`` (CPU)
     The peak of planned training measured with the allocator's timeline, for
     every (model, planner, limit) case with a feasible plan, against the limit
@@ -35,6 +40,7 @@ Three measurements, each a subcommand:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -435,6 +441,109 @@ def memory(args: argparse.Namespace) -> int:
     return 0 if summary["property_holds"] == len(planned) else 1
 
 
+def clock(args: argparse.Namespace) -> int:
+    """The ``clock`` subcommand: planned training through the real runtime on the virtual clock
+    (:class:`dqn_swap.runtime.clock.VirtualClockBackend`) against the simulator.
+
+    Every (model, planner, limit) case with a feasible, non-empty plan of the ``memory`` benchmark's
+    models, in its plain loop (one batch: forward and backward under the plan, the optimizer's
+    step): the step's virtual time (the second step; the first fills the pool of host buffers)
+    beside the simulator's makespan for the same plan and profile, and the time the host waited
+    for copies.  The unplanned row of each model is its virtual step against the trace's summed
+    op times (the control: the clock's op times are the trace's)."""
+    import torch
+
+    from dqn_swap.agents import get_planner
+    from dqn_swap.cost import get_profile
+    from dqn_swap.runtime import PlannedExecution
+    from dqn_swap.runtime.clock import VirtualClockBackend
+    from dqn_swap.simulator import schedule_plan, simulate
+    from dqn_swap.trace import resolve_memory_limit
+    from machine import commit, machine
+
+    torch.set_num_threads(args.threads)
+    profile = get_profile(args.profile)
+    rows = []
+    t_start = time.perf_counter()
+    for spec in args.models.split(","):
+        subject = _Subject(spec, "plain")
+        trace = subject.trace.with_durations(profile.compute_time(subject.trace.op_flops, subject.trace.op_bytes,
+                                                                  subject.trace.op_flops > 0))
+
+        def step(plan: Any) -> tuple[float, VirtualClockBackend]:
+            w = subject.build()
+            w.feed(0)
+            opt = w.make_optimizer(w.model.parameters())
+            backend = VirtualClockBackend(profile)
+            rt = PlannedExecution(w.model, plan, trace, backend=backend) if plan is not None else None
+            torch.manual_seed(subject.um.LOOP_SEED)
+            seconds = 0.0
+            for _ in range(2):
+                opt.zero_grad(set_to_none=True)
+                backend.waited_seconds = backend.compute_seconds = 0.0
+                with backend.ops():
+                    start = backend.now
+                    with rt if rt is not None else contextlib.nullcontext():
+                        out = w.model(*w.inputs)
+                        w.loss_fn(out).backward()
+                    opt.step()
+                    seconds = backend.now - start
+                    del out
+            return seconds, backend
+
+        base, _ = step(None)
+        total = float(trace.op_duration.sum())
+        rows.append({"model": spec, "planner": "unplanned", "limit": "100%", "virtual_s": base, "simulated_s": total,
+                     "ratio": base / total})
+        print(f"[clock] {spec}: unplanned virtual/trace {base / total:.4f}", file=sys.stderr, flush=True)
+        for planner in args.planners.split(","):
+            for pct in args.limits.split(","):
+                plan = get_planner(planner).plan(trace, resolve_memory_limit(trace, pct))
+                result = simulate(trace, plan)
+                if not plan.actions or not result.feasible:
+                    continue
+                plan = schedule_plan(trace, plan)
+                try:
+                    seconds, backend = step(plan)
+                except Exception as e:  # noqa: BLE001 -- a failing case is a row
+                    rows.append({"model": spec, "planner": planner, "limit": pct, "error": f"{type(e).__name__}: {e}"[:300]})
+                    continue
+                row = {"model": spec, "planner": planner, "limit": pct, "swaps": plan.n_swap,
+                       "recomputes": plan.n_recompute, "virtual_s": seconds, "simulated_s": float(result.makespan),
+                       "ratio": seconds / float(result.makespan), "waited_s": backend.waited_seconds,
+                       "compute_s": backend.compute_seconds, "unplanned_s": base}
+                rows.append(row)
+                print(f"[clock] {spec} {planner} {pct}: virtual/simulated {row['ratio']:.4f} ({plan.n_swap} swaps, "
+                      f"{plan.n_recompute} recomputes, waited {1e3 * backend.waited_seconds:.3f} ms)",
+                      file=sys.stderr, flush=True)
+    planned = [r for r in rows if r["planner"] != "unplanned"]
+    ok = [r for r in planned if "ratio" in r]
+    summary = {"cases": len(planned), "errors": len(planned) - len(ok),
+               "within_2pct": sum(abs(r["ratio"] - 1) <= 0.02 for r in ok),
+               "min_ratio": min((r["ratio"] for r in ok), default=None),
+               "max_ratio": max((r["ratio"] for r in ok), default=None),
+               "unplanned_ratio": {r["model"]: r["ratio"] for r in rows if r["planner"] == "unplanned"},
+               "seconds": time.perf_counter() - t_start}
+    result = {"machine": machine(), **commit(), "profile": profile.name,
+              "command": " ".join(["python", "benchmarks/bench_runtime.py", *sys.argv[1:]]), "summary": summary,
+              "rows": rows}
+    lines = [f"# The runtime on the virtual clock against the simulator ({profile.name})", "",
+             f"{summary['within_2pct']} of {summary['cases']} planned cases within 2 % of the simulated makespan "
+             f"(virtual/simulated {summary['min_ratio']:.4f} to {summary['max_ratio']:.4f}); errors: "
+             f"{summary['errors']}.", "",
+             "| model | planner | limit | swaps | recomputes | virtual ms | simulated ms | ratio | host waited ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "ratio" not in r:
+            lines.append(f"| {r['model']} | {r['planner']} | {r['limit']} | error: {r['error']} |||||")
+            continue
+        lines.append(f"| {r['model']} | {r['planner']} | {r['limit']} | {r.get('swaps', '')} | {r.get('recomputes', '')} "
+                     f"| {1e3 * r['virtual_s']:.3f} | {1e3 * r['simulated_s']:.3f} | {r['ratio']:.4f} | "
+                     f"{1e3 * r.get('waited_s', 0.0):.3f} |")
+    write(args, result, "\n".join(lines) + "\n")
+    return 0
+
+
 def memory_markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
 
@@ -484,7 +593,7 @@ def memory_markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("gpu", "overhead", "memory"):
+    if not argv or argv[0] not in ("gpu", "overhead", "memory", "clock"):
         argv = ["gpu", *argv]
     p = argparse.ArgumentParser(description="benchmark the planned-execution runtime")
     sub = p.add_subparsers(dest="what", required=True)
@@ -529,6 +638,14 @@ def main(argv: list[str] | None = None) -> int:
                         "the prediction is then the simulated peak, and copy-use violations are counted")
     m.add_argument("--json", help="write the figures here (and a .md beside)")
     m.set_defaults(func=memory)
+    c = sub.add_parser("clock", help="the runtime's step time on the virtual clock against the simulated makespan")
+    c.add_argument("--models", default=DEFAULT_MEMORY_MODELS, help="as for memory (plain loop)")
+    c.add_argument("--planners", default="greedy,vdnn,lru,sqrt-n,window,tflms,layrub,dqn")
+    c.add_argument("--limits", default="70%,50%,30%")
+    c.add_argument("--profile", default="v100-pcie3", help="device profile of the clock and the simulator")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--json", help="write the figures here (and a .md beside)")
+    c.set_defaults(func=clock)
     args = p.parse_args(argv)
     return args.func(args)
 

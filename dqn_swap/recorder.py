@@ -1057,12 +1057,14 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
     try:
         trace = b.build(trace_meta)
-    except ValueError:
+    except ValueError as e:
         unallocated = [t for t, a in enumerate(b.t_alloc) if a == -2]
         made_by = sorted({recorder.declared_by.get(t, "an unknown op") for t in unallocated})
-        raise RecordingError(f"{len(unallocated)} storages seen in outputs of {', '.join(made_by)} were never "
-                             "allocated by an op the recorder saw: an aten call outside the dispatcher's view; "
-                             "please report it with the model") from None
+        why = (f"{len(unallocated)} storages seen in outputs of {', '.join(made_by)} were never allocated by an op "
+               "the recorder saw (an aten call outside the dispatcher's view)" if unallocated else str(e))
+        raise RecordingError(f"this iteration cannot be made a trace: {why}; a plan of it would be wrong, so "
+                             "none is made: train it unplanned, or with dqn_swap.autoplan, which runs such an "
+                             "iteration in safe mode (saved activations on the host)") from None
     if time_ops:
         if len({len(d) for d in durations}) == 1:
             measured = np.median(np.stack(durations), axis=0)

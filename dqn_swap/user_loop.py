@@ -371,7 +371,7 @@ class _Recording:
 
 @dataclass
 class _StepState:
-    kind: str | None = None  # None until the model is called: "planned", "warmup", "record"
+    kind: str | None = None  # None until the model is called: "planned", "warmup", "record", "safe"
     entry: Entry | None = None
     offload: contextlib.ExitStack | None = None
 
@@ -386,7 +386,8 @@ class AutoPlan:
             above its start at its peak (the allocator's timeline on cpu, peak statistics on cuda).
         recorded: per recorded step (its number among the steps), the key of the entry it was
             planned as, or of the variant it was found to be again.
-        last: the kind of the last step: ``"warmup"``, ``"record"`` or ``"planned"``.
+        last: the kind of the last step: ``"warmup"``, ``"record"``, ``"planned"``, or ``"safe"`` (a
+            signature whose recording made no valid trace runs in safe mode).
         last_entry: the :class:`Entry` the last planned step followed.
     """
 
@@ -469,6 +470,7 @@ class AutoPlan:
         self._recordings: dict[str, int] = {}  # signature key -> recordings made of it
         self._gave_up: set[str] = set()  # signatures whose iterations keep changing (said once)
         self._regrow: set[str] = set()  # entries recorded again because more was alive at a step's start
+        self._safe_only: set[str] = set()  # signatures whose recording made no valid trace: safe mode
         self.log: list[str] = []
         self.record_peaks: dict[str, int] = {}
         self.recorded: dict[int, str] = {}  # recorded step -> the entry it was planned as, or found again
@@ -563,10 +565,11 @@ class AutoPlan:
                                 f"(planned: {'; '.join(e.description for e in self.entries.values())}); "
                                 "new_shapes='plan' records and plans it")
         self._shapes.add(shapes)
-        if not self._warm:
-            state.kind = "warmup"
-            self._note(f"step {self.steps}: warm-up ({desc}): saved activations on the host while the "
-                       "optimizer creates its state")
+        if not self._warm or key in self._safe_only:
+            state.kind = "warmup" if not self._warm else "safe"
+            if state.kind == "warmup":
+                self._note(f"step {self.steps}: warm-up ({desc}): saved activations on the host while the "
+                           "optimizer creates its state")
             stack = contextlib.ExitStack()
             from .runtime import HostOffload
 
@@ -590,11 +593,13 @@ class AutoPlan:
             rt.__exit__(*exc) if not ok else rt.__exit__(None, None, None)
             if ok:
                 self._count(state.entry, rt.stats)
-        elif state.kind == "warmup":
+        elif state.kind in ("warmup", "safe"):
             assert state.offload is not None
             state.offload.close()
-            if ok:
+            if ok and state.kind == "warmup":
                 self._warm_pending = True
+            elif ok:
+                self.safe_steps += 1
         elif state.kind == "record":
             rec = self._recording
             assert rec is not None
@@ -758,7 +763,7 @@ class AutoPlan:
             self._stop_forward_backward(self._recording)
             self._close(self._recording)
             self._recording = None
-        elif state.kind == "warmup" and state.offload is not None:
+        elif state.kind in ("warmup", "safe") and state.offload is not None:
             state.offload.close()
         elif state.kind == "planned" and state.entry is not None:
             state.entry.runtime.__exit__(None, None, None)
@@ -796,8 +801,12 @@ class AutoPlan:
         try:
             trace = recorder.b.build(meta)
         except ValueError as e:
-            raise AutoPlanError(f"the recorded iteration is not a valid trace ({e}); please report it with "
-                                "the model and the loop (dqn-swap's issue tracker)") from None
+            # Training goes on: safe mode holds any limit a plan can meet without a trace.
+            self._safe_only.add(rec.key)
+            self._note(f"the recorded step of {rec.description} could not be made a trace ({e}): its steps run in "
+                       "safe mode from now on (saved activations on the host: under any limit a plan can meet, "
+                       "slower by the copies); dqn_swap.record_trace on the same model and batch names the op")
+            return
         # On a GPU, what the device held beside the step's own state as it began (cuBLAS's workspaces,
         # the caller's tensors): a limit in bytes is the device's, these bytes come off it
         # (Trace.outside_bytes, MemoryLimit.resolve).

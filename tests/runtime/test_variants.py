@@ -334,3 +334,22 @@ class _Pad:
             ids[i, :k] = torch.tensor(f["input_ids"])
             mask[i, :k] = 1
         return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_a_recording_that_makes_no_valid_trace_runs_on_in_safe_mode(monkeypatch) -> None:
+    """An iteration the recorder cannot make a trace of does not stop training: its signature runs in
+    safe mode from then on, said in one line, and trains as unplanned training does."""
+    from dqn_swap.trace import TraceBuilder
+
+    data = masked_batches(5, padded_every=100)
+    ref_model, ref_opt, _, ref_losses, _ = train(fresh(), data)
+
+    def broken(self, meta=None):
+        raise ValueError("corrupt trace, as a model the recorder does not follow would make")
+
+    monkeypatch.setattr(TraceBuilder, "build", broken)
+    model, opt, planned, losses, _ = train(fresh(), data, {"memory_limit": "40%", "planner": "lru"})
+    assert losses == ref_losses
+    assert_same_state(model, opt, ref_model, ref_opt)
+    assert planned.last == "safe" and not planned.entries and planned.safe_steps == 3
+    assert any("could not be made a trace" in line for line in planned.log)

@@ -1,0 +1,83 @@
+"""The runtime on the virtual clock (:mod:`dqn_swap.runtime.clock`): an unplanned step takes the
+trace's summed op times exactly; a plan's step is compared with the simulator's makespan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dqn_swap import get_planner, record_trace
+from dqn_swap.cost import get_profile
+from dqn_swap.limits import resolve_limit
+from dqn_swap.runtime import PlannedExecution
+from dqn_swap.runtime.clock import VirtualClockBackend
+from dqn_swap.simulator import schedule_plan, simulate
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 128, depth: int = 6) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = F.gelu(layer(x))
+        return F.cross_entropy(self.head(x), y)
+
+
+PROFILE = get_profile("v100-pcie3")
+g = torch.Generator().manual_seed(0)
+X, Y = torch.randn(256, 128, generator=g), torch.randint(0, 5, (256,), generator=g)
+
+
+def _trace():
+    torch.manual_seed(0)
+    trace = record_trace(MLP(), (X, Y), lambda out: out, lambda p: torch.optim.SGD(p, lr=0.1), device="cpu",
+                         profile=PROFILE)
+    return trace.with_durations(PROFILE.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0))
+
+
+def _virtual_step(plan=None, trace=None) -> tuple[float, VirtualClockBackend]:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backend = VirtualClockBackend(PROFILE)
+    rt = PlannedExecution(model, plan, trace, backend=backend) if plan is not None else None
+    seconds = 0.0
+    for _ in range(2):
+        with backend.ops():
+            start = backend.now
+            with rt if rt is not None else torch.enable_grad():
+                model(X, Y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            seconds = backend.now - start
+    return seconds, backend
+
+
+def test_an_unplanned_step_takes_the_traces_op_times() -> None:
+    trace = _trace()
+    seconds, backend = _virtual_step()
+    assert seconds == pytest.approx(float(trace.op_duration.sum()), rel=1e-9)
+    assert backend.waited_seconds == 0.0 and not backend.copies
+
+
+@pytest.mark.parametrize("planner", ["sqrt-n", "lru", "greedy", "dqn"])
+def test_a_plans_step_is_its_simulated_makespan(planner: str) -> None:
+    """Recompute alone runs in exactly the simulated makespan.  With swaps the runtime waits where
+    the simulator does not (at its last point of control before an op that needs a copy's bytes,
+    where the simulator lets the ops in between run first) and starts some copies back earlier;
+    measured within 3 % here, either way."""
+    trace = _trace()
+    plan = schedule_plan(trace, get_planner(planner).plan(trace, resolve_limit(trace, "40%")))
+    simulated = float(simulate(trace, plan).makespan)
+    seconds, backend = _virtual_step(plan, trace)
+    assert plan.actions
+    if not plan.n_swap:
+        assert seconds == pytest.approx(simulated, rel=1e-9)
+    else:
+        assert backend.copies
+        assert seconds == pytest.approx(simulated, rel=0.03), (seconds, simulated)
