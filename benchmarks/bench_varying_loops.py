@@ -447,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         kept = [c for c in earlier["cells"] if c["model"] not in args.models + args.shape_models]
         result["cells"] = kept + result["cells"]
         result["summary"] = summarize(result["cells"])
-        result["merged_from"] = earlier.get("provenance")
-    result["provenance"] = provenance()
+        result["merged_from"] = {k: earlier.get(k) for k in ("command", "commit", "date")}
+    result.update(provenance())
     publish(result, markdown(result), args.json, args.md)
     return 0
 
