@@ -459,9 +459,11 @@ class AutoPlan:
         self.replans = 0  # plans made again for a bucket's envelope (shapes="bucket")
         self.planning_seconds = 0.0  # CPU seconds (this thread) spent planning
         # Every input of a plan but the iteration itself: the limit, the planner and its options, the
-        # profile.  Part of every entry's key, so that a cache made for one limit is never read for another.
-        self.plan_key = hashlib.sha256(repr((str(memory_limit), planner, sorted(self.planner_options.items()),
-                                             sorted(self.profile.to_dict().items()))).encode()).hexdigest()[:8]
+        # profile, and whether shapes go by bucket (a bucket's plan is made for the largest of its members
+        # so far).  Part of every entry's key, so that a cache made for one limit is never read for another.
+        inputs = (str(memory_limit), planner, sorted(self.planner_options.items()), sorted(self.profile.to_dict().items()))
+        self.plan_key = hashlib.sha256(repr(inputs + (("bucket",) if shapes == "bucket" else ())).encode()
+                                       ).hexdigest()[:8]
         self.entries: dict[str, Entry] = {}
         self.variants: dict[str, list[Entry]] = {}  # signature key -> its variants, in the order planned
         self.safe_steps = 0  # planned steps that left their plan and ran on in safe mode
