@@ -216,10 +216,10 @@ class _Packed:
 class _RecomputeGroup:
     """One removed storage; the re-created storage is shared by the handles that have not unpacked."""
 
-    __slots__ = ("tid", "remaining", "storage")
+    __slots__ = ("tid", "remaining", "packs", "storage")
 
     def __init__(self, tid: int) -> None:
-        self.tid, self.remaining = tid, 0
+        self.tid, self.remaining, self.packs = tid, 0, 0
         self.storage: torch.UntypedStorage | None = None
 
 
@@ -678,6 +678,7 @@ class _Iteration:
                     if rt.track_storages:
                         self.stats.source_refs.append(StorageWeakRef(storage))
                 rgroup.remaining += 1
+                rgroup.packs += 1
                 packed = _Packed(self, REMOVED, rgroup, tid, k, t)
         else:
             orig = t
@@ -805,7 +806,13 @@ class _Iteration:
                         self.swapper.drop_dev(g)  # autograd's view keeps the bytes for this node only
                 else:
                     rg: _RecomputeGroup = packed.ref
-                    if rg.storage is None:
+                    if rg.storage is None and rg.remaining <= 0:
+                        # Unpacked again after every handle had been (a second backward pass over a
+                        # graph retained with retain_graph=True): its storage went with the first
+                        # pass's nodes, so the sequence runs again, as it did for the first.
+                        rg.remaining = rg.packs
+                        self.recompute(rg.tid, again=True)
+                    elif rg.storage is None:
                         self.recompute(rg.tid)
                     storage = rg.storage
                     if storage is None:
@@ -829,13 +836,14 @@ class _Iteration:
                 f"pass saved version {g.version} ({self.rt.plan_label()})")
 
     # --------------------------------------------------------------- recompute
-    def recompute(self, tid: int) -> None:
-        """Re-run the schedule's sequence that re-creates ``tid`` (once per iteration)."""
+    def recompute(self, tid: int, again: bool = False) -> None:
+        """Re-run the schedule's sequence that re-creates ``tid`` (once per iteration, or ``again`` for
+        a second backward pass over a retained graph)."""
         seq = self.index.sequence_of.get(tid)
         if seq is None or self.recorder is None:
             raise RecomputeError(f"the plan's schedule has no re-run for {self.index.tensor_label(tid)} "
                                  f"({self.rt.plan_label()})")
-        if seq in self.sequences_done:
+        if seq in self.sequences_done and not again:
             return
         self.sequences_done.add(seq)
         _, steps = self.index.sequences[seq]

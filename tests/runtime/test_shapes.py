@@ -229,3 +229,38 @@ def test_bytes_kept_beside_the_model_midway_are_planned_for_on_a_gpu() -> None:
             assert torch.cuda.max_memory_allocated(dev) <= limit, planned.log
     assert planned.replans >= 1 and any("more alive as the step begins" in line for line in planned.log)
     del cache
+
+
+def test_two_backward_passes_over_a_retained_graph_re_run_what_the_first_consumed() -> None:
+    """``loss.backward(retain_graph=True)`` then ``loss.backward()`` on DeBERTa-v2 from a small
+    configuration: a removed tensor the first pass's nodes consumed is re-created again for the
+    second (the step stopped with "the schedule's re-runs did not re-create tensor ..." before);
+    training is unplanned training's."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.DebertaV2Config(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=64, max_position_embeddings=64, num_labels=3)
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": torch.randint(3, 96, (4, 16), generator=g), "labels": torch.randint(0, 3, (4,), generator=g)}
+            for _ in range(5)]
+
+    def run(**planned_kwargs):
+        torch.manual_seed(0)
+        model = transformers.DebertaV2ForSequenceClassification(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        planned = autoplan(model, optimizer=opt, verbose=False, **planned_kwargs) if planned_kwargs else None
+        torch.manual_seed(1)
+        for b in data:
+            with planned.step() if planned else torch.enable_grad():
+                loss = model(**b).loss
+                loss.backward(retain_graph=True)
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return model, opt, planned
+
+    ref_model, ref_opt, _ = run()
+    model, opt, planned = run(memory_limit="40%", planner="dqn")
+    assert_same_state(model, opt, ref_model, ref_opt)
+    (entry,) = planned.entries.values()
+    assert entry.plan.n_recompute and planned.last == "planned" and entry.followed >= 2 and not entry.diverged
