@@ -303,8 +303,9 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def cells(models: list[str], quick: bool, shape_models: list[str] = ()) -> list[tuple[str, ...]]:
-    """(entry point, model, loop, precision, limit) of every cell."""
+def cells(models: list[str], quick: bool, shape_models: list[str] = (), loops: list[str] | None = None
+          ) -> list[tuple[str, ...]]:
+    """(entry point, model, loop, precision, limit) of every cell (of ``loops`` alone, when given)."""
     out = []
     for name in shape_models:
         for mode in ("exact", "bucket"):
@@ -312,23 +313,25 @@ def cells(models: list[str], quick: bool, shape_models: list[str] = ()) -> list[
                 out.append(("shapes", name, mode, "fp32", limit))
     for name in models:
         w = z.WORKLOADS[name]()
-        loops = z.loops_for(w)
-        for loop in (loops[:2] if quick else loops):
+        mine = [loop for loop in z.loops_for(w) if loops is None or loop in loops]
+        for loop in (mine[:2] if quick else mine):
             for precision in PRECISIONS[:1] if quick else PRECISIONS:
                 for limit in LIMITS[1:] if quick else LIMITS:
                     out.append(("autoplan", name, loop, precision, limit))
         for precision in PRECISIONS[:1] if quick else PRECISIONS:
             for limit in LIMITS[1:] if quick else LIMITS:
-                out.append(("execution", name, "padded" if w.pads else "plain", precision, limit))
-                if w.collate:
+                loop = "padded" if w.pads else "plain"
+                if loops is None or loop in loops:
+                    out.append(("execution", name, loop, precision, limit))
+                if w.collate and (loops is None or "collator" in loops):
                     out.append(("trainer", name, "collator", precision, limit))
     return out
 
 
 def run(models: list[str], planner: str, quick: bool, progress: bool = True,
-        shape_models: list[str] = ()) -> dict[str, Any]:
+        shape_models: list[str] = (), loops: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
-    todo = cells(models, quick, shape_models)
+    todo = cells(models, quick, shape_models, loops)
     refs: dict[tuple[str, str, str], z.Run] = {}
     results = []
     t0 = time.time()
@@ -436,15 +439,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="two loops, fp32, one limit per model")
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--loops", nargs="*", help="only these loops (plain, held, accumulate, groups, retain, padded; "
+                                               "collator: the Trainer)")
     ap.add_argument("--merge", metavar="JSON", help="a result of an earlier run: its cells of other models are kept, "
                                                     "those of --models replaced")
     args = ap.parse_args(argv)
-    result = run(args.models, args.planner, args.quick, shape_models=args.shape_models)
+    result = run(args.models, args.planner, args.quick, shape_models=args.shape_models, loops=args.loops)
     if args.merge:
         import json
 
         earlier = json.loads(Path(args.merge).read_text())
-        kept = [c for c in earlier["cells"] if c["model"] not in args.models + args.shape_models]
+        def replaced(c: dict[str, Any]) -> bool:
+            if c["model"] in args.shape_models:
+                return True
+            return c["model"] in args.models and (args.loops is None or c["loop"] in args.loops)
+
+        kept = [c for c in earlier["cells"] if not replaced(c)]
         result["cells"] = kept + result["cells"]
         result["summary"] = summarize(result["cells"])
         result["merged_from"] = {k: earlier.get(k) for k in ("command", "commit", "date")}
