@@ -408,6 +408,21 @@ def markdown(result: dict[str, Any]) -> str:
              f"({s['steps_over']} steps)", f"- not bit-identical: {s['different']}",
              f"- measured/predicted on followed steps: {_r(s['ratio_min'])} to {_r(s['ratio_max'])} "
              f"({s['cells_ratio_outside']} cells outside [0.95, 1.00])", ""]
+    kinds = Counter(o["kind"] for r in result["cells"] if not r["stopped"] for o in r.get("over", ()))
+    if kinds:
+        lines += ["Steps over the limit, by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()) + ".", ""]
+    shapes = [r for r in result["cells"] if r["entry"] == "shapes" and not r["stopped"]]
+    if shapes:
+        lines += ["## Shapes that change at every step", "",
+                  "| workload | shapes | limit | steps | plans | planned again | steps recorded | steps planned | "
+                  "safe steps | planning CPU s per 100 steps | steps over | identical |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in shapes:
+            lines.append(f"| {r['model']} | {r['loop']} | {r['limit']} | {r['steps']} | {r['variants']} | "
+                         f"{r.get('replans', 0)} | {r.get('recorded_steps', '-')} | {r.get('planned_steps', '-')} | "
+                         f"{r['safe_steps']} | {r.get('planning_seconds_per_100_steps', '-')} | {len(r['over'])} | "
+                         f"{'yes' if r['identical'] else 'no'} |")
+        lines.append("")
     if s["stop_causes"]:
         lines += ["## Stops", "", "| count | cause |", "|---|---|"]
         lines += [f"| {n} | {c.replace('|', '/')} |" for c, n in s["stop_causes"].items()] + [""]
