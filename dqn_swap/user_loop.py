@@ -97,6 +97,9 @@ RECORD_TRIES = 4
 #: Variants planned per signature at most (``max_variants``): past them, a step that leaves every
 #: plan runs in safe mode from there.
 MAX_VARIANTS = 8
+#: Planners tried, in order, where the chosen one finds no plan under the limit: a limit at or above
+#: the minimum always has one, and a step that stops is worse than a plan of another planner.
+FALLBACK_PLANNERS = ("greedy", "swap-all")
 #: Bytes (or 1 % of the trace's state, the larger) more alive at a step's start than its plan was
 #: made for, past which the step is recorded and planned again (``AutoPlan._growth``).
 GROWTH_SLACK = 1 << 20
@@ -905,6 +908,9 @@ class AutoPlan:
                    f"{100 * float(plan.figures.get('overhead', 0.0)):.1f} %"
                    + ("" if feasible else " (INFEASIBLE)"))
         if not feasible and not self.allow_infeasible:
+            fallback = self._fallback_plan(trace, limit, desc)
+            if fallback is not None:
+                return fallback
             from .simulator import simulate
 
             result = simulate(trace, plan)
@@ -914,6 +920,25 @@ class AutoPlan:
                                 f"{desc}: {why}{f' ({method})' if method else ''}; try another planner or a "
                                 "higher limit, or pass allow_infeasible=True to run it anyway")
         return plan
+
+    def _fallback_plan(self, trace: Trace, limit: int, desc: str) -> Plan | None:
+        """A feasible plan of another planner where the chosen one found none (:data:`FALLBACK_PLANNERS`,
+        in order), so that training goes on under the limit; None when none of them finds one."""
+        from . import get_planner
+
+        for name in FALLBACK_PLANNERS:
+            if name == self.planner_name:
+                continue
+            with _rng_untouched(self.device), AllocatorTimeline.aside():
+                start = time.thread_time()
+                plan = get_planner(name).plan(trace, limit)
+                self.planning_seconds += time.thread_time() - start
+            if bool(plan.figures.get("feasible", True)):
+                self._note(f"planner {self.planner_name!r} found no plan under {format_bytes(limit)} for {desc}; "
+                           f"{name!r} did ({plan.n_swap} swaps, {plan.n_recompute} recomputes, simulated overhead "
+                           f"{100 * float(plan.figures.get('overhead', 0.0)):.1f} %): followed instead")
+                return plan
+        return None
 
     def _runtime(self, entry: Entry) -> Any:
         if entry.runtime is None:

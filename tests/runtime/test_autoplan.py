@@ -202,8 +202,17 @@ def test_two_forward_passes_in_one_step_are_refused() -> None:
         model(**batch)["loss"].backward()
 
 
-def test_an_infeasible_plan_is_refused_unless_asked_for() -> None:
+def test_where_the_planner_finds_no_plan_another_does_else_it_is_refused(monkeypatch) -> None:
+    """sqrt-n cannot reach the minimum ("0%"); a fallback planner can, and training goes on as
+    unplanned training does, said in the log.  With no fallback, the step is refused with one line."""
+    import dqn_swap.user_loop as ul
+
     data = batches(4)
+    a, oa, _, _ = run(fresh(), data)
+    b, ob, planned, _ = run(fresh(), data, {"memory_limit": "0%", "planner": "sqrt-n"})
+    assert_same_state(a, oa, b, ob)
+    assert any("'sqrt-n' found no plan" in line and "followed instead" in line for line in planned.log), planned.log
+    monkeypatch.setattr(ul, "FALLBACK_PLANNERS", ())
     with pytest.raises(AutoPlanError, match="found no plan under .*allow_infeasible=True"):
         run(fresh(), data, {"memory_limit": "0%", "planner": "sqrt-n"})
 
