@@ -111,10 +111,21 @@ def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner:
         if line.startswith("step ") and ": left the plan" in line:
             got.steps[int(line.split()[1].rstrip(":"))].diverged = True
     first = next(iter(planned.entries.values()), None)
+    _own_signature(got, planned)
     out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
     out["variants"] = sum(len(v) for v in planned.variants.values())
     out["signatures"] = len(planned.variants)
     return out
+
+
+def _own_signature(run: z.Run, planned: Any) -> None:
+    """A warm-up step is judged against the first plan of its own signature (gradient accumulation's
+    micro-steps have two: without gradients and with them)."""
+    for i, s in enumerate(run.steps):
+        if s.kind == "warmup" and s.entry is None:
+            variants = planned.variants.get(planned.step_signatures.get(i, ""), ())
+            if variants:
+                s.entry = variants[0].key
 
 
 def execution_cell(w: z.Workload, loop: str, precision: str, limit: str, planner: str) -> dict[str, Any]:
@@ -252,6 +263,7 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
     for i, s in enumerate(got.steps):
         if s.kind == "record":
             s.entry = planned.recorded.get(i)
+    _own_signature(got, planned)
     first = next(iter(planned.entries.values()), None)
     out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
     out["variants"] = sum(len(v) for v in planned.variants.values())
@@ -272,6 +284,7 @@ def shapes_cell(name: str, mode: str, limit: str, planner: str, steps: int) -> d
         if line.startswith("step ") and ": left the plan" in line:
             got.steps[int(line.split()[1].rstrip(":"))].diverged = True
     first = next(iter(planned.entries.values()), None)
+    _own_signature(got, planned)
     out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
     kinds = Counter(s.kind for s in got.steps)
     out.update(variants=len(planned.entries), signatures=len(planned.variants), replans=planned.replans,

@@ -389,6 +389,7 @@ class AutoPlan:
             above its start at its peak (the allocator's timeline on cpu, peak statistics on cuda).
         recorded: per recorded step (its number among the steps), the key of the entry it was
             planned as, or of the variant it was found to be again.
+        step_signatures: per step, the key of its signature (``variants`` holds its plans).
         last: the kind of the last step: ``"warmup"``, ``"record"``, ``"planned"``, or ``"safe"`` (a
             signature whose recording made no valid trace runs in safe mode).
         last_entry: the :class:`Entry` the last planned step followed.
@@ -479,6 +480,7 @@ class AutoPlan:
         self.log: list[str] = []
         self.record_peaks: dict[str, int] = {}
         self.recorded: dict[int, str] = {}  # recorded step -> the entry it was planned as, or found again
+        self.step_signatures: dict[int, str] = {}  # step -> the key of the signature it was called with
         self.last: str | None = None
         self.last_entry: Entry | None = None
         self.steps = 0
@@ -534,6 +536,7 @@ class AutoPlan:
                                 "pass (and its backward); use one `with planned.step():` per call")
         key, desc = signature(module, args, kwargs, optimizer=self.optimizer, buckets=self.buckets)
         key += self.plan_key
+        self.step_signatures[self.steps] = key
         variants = self.variants.get(key)
         if variants and self.new_shapes == "refuse":
             self._shapes.add(signature(module, args, kwargs, shapes_only=True)[0])
