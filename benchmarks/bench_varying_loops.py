@@ -194,7 +194,7 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
         row["labels"] = int(torch.randint(0, 3, (1,), generator=g)) if w.name in ("deberta-v2", "bert", "distilbert") \
             else None
         rows.append(row)
-    collate_pad = transformers.DataCollatorWithPadding(tokenizer=_Pad(), padding="longest")
+    collate_pad = transformers.DataCollatorWithPadding(tokenizer=z.PadTokenizer(), padding="longest")
 
     def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
         with AllocatorTimeline.aside():  # host memory: on a GPU the batch reaches the device in the step
@@ -291,25 +291,6 @@ def shapes_cell(name: str, mode: str, limit: str, planner: str, steps: int) -> d
                recorded_steps=kinds.get("record", 0), planned_steps=kinds.get("planned", 0),
                planning_seconds_per_100_steps=round(100 * planned.planning_seconds / steps, 3))
     return out
-
-
-class _Pad:
-    """The two things DataCollatorWithPadding asks of a tokenizer."""
-
-    pad_token_id = 0
-    padding_side = "right"
-    model_input_names = ["input_ids", "attention_mask"]
-
-    def pad(self, features: list[dict[str, Any]], padding: Any = True, max_length: int | None = None,
-            pad_to_multiple_of: int | None = None, return_tensors: str = "pt", **_: Any) -> dict[str, torch.Tensor]:
-        n = max_length or max(len(f["input_ids"]) for f in features)
-        ids = torch.zeros(len(features), n, dtype=torch.long)
-        mask = torch.zeros(len(features), n, dtype=torch.long)
-        for i, f in enumerate(features):
-            k = len(f["input_ids"])
-            ids[i, :k] = torch.tensor(f["input_ids"])
-            mask[i, :k] = 1
-        return {"input_ids": ids, "attention_mask": mask}
 
 
 def _one_line(e: BaseException) -> str:

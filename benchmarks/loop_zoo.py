@@ -240,6 +240,26 @@ def vit() -> Workload:
                    "ViTForImageClassification")
 
 
+class PadTokenizer:
+    """The two things ``transformers.DataCollatorWithPadding`` asks of a tokenizer: pad ids on the right
+    with 0 and make the attention mask."""
+
+    pad_token_id = 0
+    padding_side = "right"
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def pad(self, features: list[dict[str, Any]], padding: Any = True, max_length: int | None = None,
+            pad_to_multiple_of: int | None = None, return_tensors: str = "pt", **_: Any) -> dict[str, torch.Tensor]:
+        n = max_length or max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), n, dtype=torch.long)
+        mask = torch.zeros(len(features), n, dtype=torch.long)
+        for i, f in enumerate(features):
+            k = len(f["input_ids"])
+            ids[i, :k] = torch.tensor(f["input_ids"])
+            mask[i, :k] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+
 # --------------------------------------------------------------------------- PyTorch Geometric
 class _PyG(nn.Module):
     def __init__(self, kind: str, features: int = 16, hidden: int = 32, classes: int = 4) -> None:

@@ -6,7 +6,9 @@ and its steps' memory is measured on the allocator's timeline.
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,9 @@ from dqn_swap.trace import resolve_memory_limit
 from dqn_swap.user_loop import AutoPlanError, autoplan
 
 from .test_autoplan import assert_same_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from loop_zoo import PadTokenizer  # noqa: E402
 
 
 def mlp(act: type[nn.Module], width: int = 64, depth: int = 6) -> nn.Module:
@@ -284,7 +289,7 @@ def test_hugging_face_padding_collator_batches_train_bit_identically() -> None:
     transformers.logging.set_verbosity_error()
     cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    collate = transformers.DataCollatorWithPadding(tokenizer=_Pad(), padding="max_length", max_length=12)
+    collate = transformers.DataCollatorWithPadding(tokenizer=PadTokenizer(), padding="max_length", max_length=12)
     g = torch.Generator().manual_seed(0)
     lengths = [12, 12, 9, 12, 12, 11, 12, 12, 8]
     rows = [[{"input_ids": torch.randint(1, 96, (n if j == 0 else 12,), generator=g).tolist()} for j in range(3)]
@@ -316,24 +321,6 @@ def test_hugging_face_padding_collator_batches_train_bit_identically() -> None:
     assert_same_state(got[0], got[1], ref[0], ref[1])
     (variants,) = got[2].variants.values()
     assert len(variants) == 2, got[2].log
-
-
-class _Pad:
-    """The two things DataCollatorWithPadding asks of a tokenizer."""
-
-    pad_token_id = 0
-    padding_side = "right"
-    model_input_names = ["input_ids", "attention_mask"]
-
-    def pad(self, features, padding=True, max_length=None, pad_to_multiple_of=None, return_tensors="pt"):
-        n = max_length or max(len(f["input_ids"]) for f in features)
-        ids = torch.zeros(len(features), n, dtype=torch.long)
-        mask = torch.zeros(len(features), n, dtype=torch.long)
-        for i, f in enumerate(features):
-            k = len(f["input_ids"])
-            ids[i, :k] = torch.tensor(f["input_ids"])
-            mask[i, :k] = 1
-        return {"input_ids": ids, "attention_mask": mask}
 
 
 def test_a_recording_that_makes_no_valid_trace_runs_on_in_safe_mode(monkeypatch) -> None:
