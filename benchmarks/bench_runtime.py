@@ -203,11 +203,15 @@ def overhead(args: argparse.Namespace) -> int:
         for planner in args.planners.split(","):  # the shipped agent's, then others for comparison
             plans[f"{planner} plan ({args.limit})"] = get_planner(planner).plan(trace, limit)
         runs: dict[str, Any] = {}
+        checks: dict[str, str] = {}
         for label in ["unplanned", *plans]:
-            w = workload(name, int(batch))
-            opt = w.make_optimizer(w.model.parameters())
-            rt = PlannedExecution(w.model, plans[label], trace) if label in plans else None
-            runs[label] = (w, opt, rt, [], [])
+            for check in (args.checks.split(",") if label in plans else [""]):
+                w = workload(name, int(batch))
+                opt = w.make_optimizer(w.model.parameters())
+                rt = PlannedExecution(w.model, plans[label], trace, check=check) if label in plans else None
+                key = f"{label}|{check}"
+                runs[key] = (w, opt, rt, [], [])
+                checks[key] = check
         for step in range(args.steps + args.warmup):  # interleaved: the methods share the machine's moods
             for label, (w, opt, rt, times, replays) in runs.items():
                 t0 = time.perf_counter()
@@ -219,21 +223,28 @@ def overhead(args: argparse.Namespace) -> int:
                 if step >= args.warmup:
                     times.append(time.perf_counter() - t0)
                     replays.append(rt.stats.replay_seconds if rt is not None else 0.0)
-        base = statistics.median(runs["unplanned"][3])
-        for label, (_, _, rt, times, replays) in runs.items():
+        base = statistics.median(runs["unplanned|"][3])
+        for key, (_, _, rt, times, replays) in runs.items():
+            label = key.split("|")[0]
             med = statistics.median(times)
             plan = plans.get(label)
-            rows.append({"model": name, "batch_size": int(batch), "method": label, "median_step_ms": med * 1e3,
+            rows.append({"model": name, "batch_size": int(batch), "method": label, "check": checks[key] or None,
+                         "median_step_ms": med * 1e3,
                          "ratio_to_unplanned": med / base, "median_replay_ms": statistics.median(replays) * 1e3,
                          "swaps": plan.n_swap if plan else 0, "recomputes": plan.n_recompute if plan else 0,
                          "recorded_ops": len(rt.index.record_ops) if rt else 0})
-            print(f"[bench] {name} {label}: {med * 1e3:.2f} ms, x{med / base:.3f}", file=sys.stderr, flush=True)
+            print(f"[bench] {name} {label} {checks[key]}: {med * 1e3:.2f} ms, x{med / base:.3f}", file=sys.stderr,
+                  flush=True)
     result = {"machine": machine(), "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
               "command": " ".join(["python", "benchmarks/bench_runtime.py", *sys.argv[1:]]), "rows": rows}
-    md = ["| model | batch | method | swaps | recomputes | median step (ms) | / unplanned | of which re-runs (ms) |",
-          "|---|---|---|---|---|---|---|---|"]
-    md += [f"| {r['model']} | {r['batch_size']} | {r['method']} | {r['swaps']} | {r['recomputes']} | "
-           f"{r['median_step_ms']:.2f} | {r['ratio_to_unplanned']:.3f} | {r['median_replay_ms']:.2f} |" for r in rows]
+    md = ["Live check `ops`: every forward op's name against the trace (the default); `packs`: the saved tensors "
+          "alone (a plan without actions checks its first pack only).", "",
+          "| model | batch | method | live check | swaps | recomputes | median step (ms) | / unplanned | "
+          "of which re-runs (ms) |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['model']} | {r['batch_size']} | {r['method']} | {r.get('check') or '-'} | {r['swaps']} | "
+           f"{r['recomputes']} | {r['median_step_ms']:.2f} | {r['ratio_to_unplanned']:.3f} | "
+           f"{r['median_replay_ms']:.2f} |" for r in rows]
     write(args, result, "\n".join(md) + "\n")
     return 0
 
@@ -613,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--planners", default="dqn,sqrt-n,lru",
                    help="planners whose plans are timed (default: the shipped agent, and the recompute-only and "
                         "mixed baselines, which exercise the dispatch mode)")
+    o.add_argument("--checks", default="ops,packs",
+                   help="live checks to time each plan with (default ops,packs: every forward op's name, and the "
+                        "saved tensors alone)")
     o.add_argument("--steps", type=int, default=40)
     o.add_argument("--warmup", type=int, default=3)
     o.add_argument("--threads", type=int, default=1)

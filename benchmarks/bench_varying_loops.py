@@ -22,7 +22,9 @@ For each cell, against the same loop trained unplanned from the same seeds:
   followed, or, for the steps before a plan exists (warm-up, recording), of the plan made from
   them;
 - **ratio**: measured / predicted peak of every step that followed its plan to the end (predicted:
-  the simulator's instant-copy peak), its range over the cell;
+  the simulator's instant-copy peak), its range over the cell; the steps before the optimizer's
+  first step (no gradients or optimizer state yet, where the trace is a steady-state iteration)
+  are kept apart (``cold_ratio``);
 - **identical**: the model's ``state_dict`` and the optimizer's state bit-identical at the end, and
   every loss;
 - **variants** planned and the share of steps that ran in **safe** mode.
@@ -61,14 +63,20 @@ SHAPE_STEPS = 100  # steps of a workload whose shapes change at every step
 
 
 class Positional(torch.nn.Module):
-    """The model called with positional arguments (``record_trace`` takes a tuple), or keywords."""
+    """The model called with positional arguments (``record_trace`` takes a tuple), or keywords.
 
-    def __init__(self, inner: torch.nn.Module, keys: tuple[str, ...]) -> None:
+    ``autocast``: its forward runs under bf16 autocast (recording a bf16 loop: the loop enters
+    autocast around the model; the recorded build must have the same modules, since the runtime
+    numbers ops from the forward pass's module calls)."""
+
+    def __init__(self, inner: torch.nn.Module, keys: tuple[str, ...], autocast: bool = False) -> None:
         super().__init__()
-        self.inner, self.keys = inner, keys
+        self.inner, self.keys, self.autocast = inner, keys, autocast
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner(**dict(zip(self.keys, args)), **kwargs)
+        auto = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+        with auto:
+            return self.inner(**dict(zip(self.keys, args)), **kwargs)
 
 
 def _predicted(entry: Any, cache: dict[int, int]) -> int:
@@ -80,8 +88,13 @@ def _predicted(entry: Any, cache: dict[int, int]) -> int:
     return cache[key]
 
 
-def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | None) -> dict[str, Any]:
-    """The cell's figures (module docstring) from its run and the unplanned reference."""
+def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | None, cold: int = 1
+          ) -> dict[str, Any]:
+    """The cell's figures (module docstring) from its run and the unplanned reference.
+
+    The ratio is taken over the steps after the first ``cold`` (those before the optimizer's first
+    step, which start without gradients and optimizer state, where the trace is a steady-state
+    iteration: they stay below their prediction); theirs is kept apart as ``cold_ratio``."""
     cache: dict[int, int] = {}
     over, ratios, safe = [], [], 0
     for i, s in enumerate(got.steps):
@@ -92,11 +105,14 @@ def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | No
         if limit is not None and s.peak > limit:
             over.append({"step": i, "kind": s.kind, "peak": s.peak, "limit": int(limit), "start": s.start})
         if s.kind == "planned" and entry is not None and not s.diverged:
-            ratios.append(s.peak / _predicted(entry, cache))
+            ratios.append((i, s.peak / _predicted(entry, cache)))
     diffs = z.differences(ref.state, got.state)
     same_losses = ref.losses == got.losses
-    return {"over": over, "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
-            "followed": len(ratios), "safe_steps": safe, "steps": len(got.steps),
+    values = [r for i, r in ratios if i >= cold]
+    cold_values = [r for i, r in ratios if i < cold]
+    return {"over": over, "ratio_min": min(values) if values else None, "ratio_max": max(values) if values else None,
+            "cold_ratio": min(cold_values) if cold_values else None,
+            "ratios": [[i, round(r, 4)] for i, r in ratios], "followed": len(ratios), "safe_steps": safe, "steps": len(got.steps),
             "identical": not diffs and same_losses, "differences": diffs[:3] + ([] if same_losses else ["losses"])}
 
 
@@ -112,7 +128,8 @@ def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner:
             got.steps[int(line.split()[1].rstrip(":"))].diverged = True
     first = next(iter(planned.entries.values()), None)
     _own_signature(got, planned)
-    out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
+    out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None,
+                cold=2 if loop == "accumulate" else 1)
     out["variants"] = sum(len(v) for v in planned.variants.values())
     out["signatures"] = len(planned.variants)
     return out
@@ -142,22 +159,13 @@ def execution_cell(w: z.Workload, loop: str, precision: str, limit: str, planner
         return Positional(w.build(), keys)
 
     wrapped = z.Workload(w.name, w.family, build, w.make, w.loss, w.pads)
-    model = build()
-    auto = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    # The recorded build runs its forward and the loss under autocast, as the loop does around them.
+    rec_model = Positional(w.build(), keys, autocast=precision == "bf16")
 
     def loss_fn(out: Any) -> torch.Tensor:
-        return w.loss(out)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext():
+            return w.loss(out)
 
-    class Auto(torch.nn.Module):  # record_trace calls the model; autocast around it as the loop has it
-        def __init__(self, m: torch.nn.Module) -> None:
-            super().__init__()
-            self.m = m
-
-        def forward(self, *a: Any) -> Any:
-            with auto:
-                return self.m(*a)
-
-    rec_model = Auto(model) if precision == "bf16" else model
     trace = record_trace(rec_model, tuple(first[k] for k in keys), loss_fn,
                          lambda params: z._optimizer_of(list(params)), device="cpu")
     plan = get_planner(planner).plan(trace, resolve_limit(trace, limit))
@@ -172,7 +180,7 @@ def execution_cell(w: z.Workload, loop: str, precision: str, limit: str, planner
     e.plan, e.trace = plan, trace
     for s in got.steps:
         s.entry = "plan"
-    out = judge(ref, got, {"plan": e}, plan.memory_limit)
+    out = judge(ref, got, {"plan": e}, plan.memory_limit, cold=2 if loop == "accumulate" else 1)
     out["variants"], out["signatures"] = 1, 1
     return out
 
@@ -297,9 +305,10 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def cells(models: list[str], quick: bool, shape_models: list[str] = (), loops: list[str] | None = None
-          ) -> list[tuple[str, ...]]:
-    """(entry point, model, loop, precision, limit) of every cell (of ``loops`` alone, when given)."""
+def cells(models: list[str], quick: bool, shape_models: list[str] = (), loops: list[str] | None = None,
+          entries: list[str] | None = None) -> list[tuple[str, ...]]:
+    """(entry point, model, loop, precision, limit) of every cell (of ``loops`` and ``entries`` alone,
+    when given)."""
     out = []
     for name in shape_models:
         for mode in ("exact", "bucket"):
@@ -319,13 +328,14 @@ def cells(models: list[str], quick: bool, shape_models: list[str] = (), loops: l
                     out.append(("execution", name, loop, precision, limit))
                 if w.collate and (loops is None or "collator" in loops):
                     out.append(("trainer", name, "collator", precision, limit))
-    return out
+    return [c for c in out if entries is None or c[0] == "shapes" or c[0] in entries]
 
 
 def run(models: list[str], planner: str, quick: bool, progress: bool = True,
-        shape_models: list[str] = (), loops: list[str] | None = None) -> dict[str, Any]:
+        shape_models: list[str] = (), loops: list[str] | None = None, entries: list[str] | None = None
+        ) -> dict[str, Any]:
     torch.set_num_threads(1)
-    todo = cells(models, quick, shape_models, loops)
+    todo = cells(models, quick, shape_models, loops, entries)
     refs: dict[tuple[str, str, str], z.Run] = {}
     results = []
     t0 = time.time()
@@ -450,21 +460,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md")
     ap.add_argument("--loops", nargs="*", help="only these loops (plain, held, accumulate, groups, retain, padded; "
                                                "collator: the Trainer)")
-    ap.add_argument("--merge", metavar="JSON", help="a result of an earlier run: its cells of other models are kept, "
-                                                    "those of --models replaced")
+    ap.add_argument("--entries", nargs="*", choices=("autoplan", "execution", "trainer"),
+                    help="only cells of these entry points")
+    ap.add_argument("--merge", metavar="JSON", help="a result of an earlier run: the cells run now replace its "
+                                                    "cells of the same entry, model, loop, precision and limit")
     args = ap.parse_args(argv)
-    result = run(args.models, args.planner, args.quick, shape_models=args.shape_models, loops=args.loops)
+    result = run(args.models, args.planner, args.quick, shape_models=args.shape_models, loops=args.loops,
+                 entries=args.entries)
     if args.merge:
         import json
 
         earlier = json.loads(Path(args.merge).read_text())
-        def replaced(c: dict[str, Any]) -> bool:
-            if c["model"] in args.shape_models:
-                return True
-            return c["model"] in args.models and (args.loops is None or c["loop"] in args.loops)
+        def key(c: dict[str, Any]) -> tuple[str, ...]:
+            return c["entry"], c["model"], c["loop"], c["precision"], c["limit"]
 
-        kept = [c for c in earlier["cells"] if not replaced(c)]
-        result["cells"] = kept + result["cells"]
+        new = {key(c): c for c in result["cells"]}  # every cell run now replaces its earlier run, in place
+        merged = [new.pop(key(c), c) for c in earlier["cells"]]
+        result["cells"] = merged + list(new.values())
         result["summary"] = summarize(result["cells"])
         result["merged_from"] = {k: earlier.get(k) for k in ("command", "commit", "date")}
     result.update(provenance())

@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -211,8 +212,10 @@ class _Recorder(TorchDispatchMode):
         # Python numbers autograd may have saved (see saved_numbers): (op, its outputs, weakly, the
         # wrapped arguments' names and bytes), looked at once the op has returned through autograd.
         self.pending_numbers: list[tuple[int, list[weakref.ref], list[tuple[str, int]]]] = []
-        # autograd node (its sequence number) -> the hidden storages of the numbers it saved
-        self.saved_numbers: dict[int, list[int]] = {}
+        # autograd node (its sequence number) -> the hidden storages of the numbers it saved, each with
+        # a weak reference to the wrapped tensor's storage (see release_numbers)
+        self.saved_numbers: dict[int, list[tuple[int, StorageWeakRef]]] = {}
+        self.ran_nodes: list[int] = []  # nodes with saved numbers that ran since the last op (release_numbers)
         # FSDP2's unsharded parameter storages (see poll_unsharded): storage key -> storage, the tensor
         # ids they have had, and those allocated since the last recorded op (outputs of the next one).
         self.unsharded: dict[int, torch.UntypedStorage] = {}
@@ -387,6 +390,8 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.pending_numbers:
             self.resolve_numbers()
+        if self.ran_nodes:
+            self.settle_numbers()
         if self.unsharded:
             self.poll_unsharded()
         inputs = self.on_device((args, kwargs))
@@ -636,7 +641,7 @@ class _Recorder(TorchDispatchMode):
                 except RuntimeError:  # already released
                     saved = None
                 if isinstance(saved, torch.Tensor) and saved.dim() == 0:
-                    hidden.append(self.b.hidden(op, nbytes))
+                    hidden.append((self.b.hidden(op, nbytes), StorageWeakRef(saved.untyped_storage())))
                     self.extra_scratch[op] -= nbytes
             if hidden:
                 seq = node._sequence_nr()
@@ -645,10 +650,27 @@ class _Recorder(TorchDispatchMode):
                 self.saved_numbers.setdefault(seq, []).extend(hidden)
 
     def release_numbers(self, seq: int) -> None:
-        """Node ``seq`` ran in backward: the engine releases its saved numbers now, after its last op."""
-        if self.active:
-            for t in self.saved_numbers.get(seq, ()):
-                self.b.free(t)
+        """Node ``seq`` ran in backward: the engine releases its saved numbers right after this hook,
+        unless the backward pass keeps the graph (``retain_graph=True``: they live until a later pass
+        releases it).  Which of the two is known at the next op (:meth:`settle_numbers`)."""
+        if self.active and seq in self.saved_numbers:
+            self.ran_nodes.append(seq)
+
+    def settle_numbers(self) -> None:
+        """The numbers of the nodes that ran since the last op whose storage is gone now were released
+        after their node's last op: freed there (before the op being dispatched).  Those still alive
+        belong to a graph a backward pass kept (``loss.backward(retain_graph=True)``; measured: a
+        BART step with a second backward 16 bytes over its trace when freed at the first pass), and
+        are freed when a later run of their node releases them."""
+        ran, self.ran_nodes = self.ran_nodes, []
+        for seq in ran:
+            alive = []
+            for t, ref in self.saved_numbers.get(seq, ()):
+                if ref.expired():
+                    self.b.free(t)
+                else:
+                    alive.append((t, ref))
+            self.saved_numbers[seq] = alive
 
     def fold_constants(self) -> None:
         """A constant lift_fresh made during the iteration and freed by the op that reads it (``x[..., 0]

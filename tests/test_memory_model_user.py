@@ -402,3 +402,49 @@ def test_a_recomputed_random_op_holds_no_generator_state() -> None:
         runs.append((model.state_dict(), torch.rand(4)))  # the generator is where unplanned training left it
     (a, ra), (b, rb) = runs
     assert all(torch.equal(a[k], b[k]) for k in a) and torch.equal(ra, rb)
+
+
+# ----------------------------------------------------------------- numbers a retained graph keeps
+class ScaledEmbedding(nn.Module):
+    """BART's ``BartScaledWordEmbedding``: the embedding times a Python float, which autograd saves
+    (``MulBackward0._saved_other``, a wrapped 8-byte number)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc1, self.fc2 = nn.Embedding(50, 64), nn.Linear(64, 64), nn.Linear(64, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids) * 8.0
+        return self.fc2(torch.tanh(self.fc1(h))).mean(1)
+
+
+def test_numbers_of_a_retained_graph_live_until_its_last_backward() -> None:
+    """``loss.backward(retain_graph=True)`` then ``loss.backward()``: the first pass keeps the graph,
+    so a saved number lives on to the second pass, which releases it (before: freed in the trace
+    at the first pass, and every step measured 8 bytes above its trace, over a limit at the trace's
+    peak).  The trace's peak is the measured one, from one allocator timeline over the whole run."""
+    from dqn_swap import autoplan
+    from dqn_swap.meter import AllocatorTimeline
+
+    timeline = AllocatorTimeline(own_blocks=True)
+    with timeline:  # from before anything of the run exists: its peaks are every byte alive
+        g = torch.Generator().manual_seed(0)
+        ids, y = torch.randint(0, 50, (4, 16), generator=g), torch.randint(0, 4, (4,), generator=g)
+        torch.manual_seed(0)
+        model = ScaledEmbedding()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        planned = autoplan(model, "100%", optimizer=opt, planner="none", verbose=False)
+        for i in range(4):
+            AllocatorTimeline.instant(f"s{i}<")
+            with planned.step():
+                loss = F.cross_entropy(model(ids), y)
+                loss.backward(retain_graph=True)
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del loss
+            AllocatorTimeline.instant(f"s{i}>")
+    (entry,) = planned.entries.values()
+    assert planned.last == "planned" and entry.trace.tensor_role.tolist().count(int(Role.HIDDEN)) >= 1
+    _, peak = timeline.between("s3<", "s3>")
+    assert peak == entry.trace.peak_bytes

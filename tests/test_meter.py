@@ -113,6 +113,10 @@ def test_own_blocks_leaves_out_frees_of_earlier_blocks_and_what_is_set_aside():
             del host
     finally:
         gc.enable()
-    assert plain.curve()[1].tolist() == [-3000]
+    # (in a long run, another object of the process may let a few bytes go inside a window: the
+    # default counts that too; seen once, -16 beside the -3000)
+    frees = plain.deltas.tolist()
+    assert -3000 in frees and all(v < 0 for v in frees) and sum(frees) > -3000 - 64
+    assert plain.curve()[1].tolist()[-1] == sum(frees)
     assert own.curve()[1].tolist() == [100]
     del x

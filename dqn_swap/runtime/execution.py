@@ -27,16 +27,22 @@ or ``meta``, in the allocator's 512-byte blocks for one recorded on CUDA;
 storage sizes only for trace files written before shapes were recorded; the
 same tensor id keeps the same storage), before the runtime acts on the tensor; so are the
 number of packs (a pack beyond the trace's count, e.g. a second forward pass
-in one block, at once; fewer at the block's end) and the names of the ops the
-dispatch mode numbers.  A model that no longer matches its trace (another
-head, another batch size, another model) raises :class:`TraceMismatchError`
-at the first difference, in one line.  The hooks therefore stay on for the
-whole block.  A plan without actions checks the first pack only (the batch,
-usually) and then takes its hooks off: checking every pack would cost it 3-5 %
-of a step, and a plan that does nothing cannot act on a wrong tensor.  Only
-tensors on the runtime's device count, as in the recorder.  A pack the plan
-does nothing with costs the check and a list lookup: the tensor itself is
-handed back to autograd.
+in one block, at once; fewer at the block's end) and, with ``check="ops"`` (the
+default), the name of every forward op the dispatch mode numbers from the module
+calls, and the op count at every module call.  An op the trace does not have is
+seen even where it saves nothing (``torch.tanh(x) + 1`` where the trace has
+``tanh`` alone), and so is a mask or a layer that the data switches on: a plan
+keeps its limit only on the iteration it was made for, whatever it does.  A
+model that no longer matches its trace (another head, another batch size,
+another model) raises :class:`TraceMismatchError` at the first difference, in
+one line (or goes on in safe mode, ``on_mismatch="safe"``).  The hooks
+therefore stay on for the whole block.  The op check costs the step a Python
+dispatch per forward op (measured on the CPU, one thread: ``python
+benchmarks/bench_runtime.py overhead``).  With ``check="packs"`` ops are numbered
+only where a re-run needs them, and a plan without actions checks the first pack
+only (the batch, usually) and then takes its hooks off.  Only tensors on the
+runtime's device count, as in the recorder.  A pack the plan does nothing with
+costs the check and a list lookup: the tensor itself is handed back to autograd.
 
 A plan the simulator found infeasible (``plan.figures["feasible"]`` false) is
 refused (:class:`InfeasiblePlanError`) unless ``allow_infeasible=True``.
@@ -112,6 +118,7 @@ R = TypeVar("R")
 #: safe mode from there (:mod:`.offload`).
 ON_MISMATCH = ("raise", "safe")
 SHAPES = ("exact", "bounded")
+CHECKS = ("ops", "packs")
 
 
 class PlannedOutOfMemoryError(torch.OutOfMemoryError):
@@ -337,7 +344,7 @@ class _Iteration:
         self.recorder = OpRecorder(self) if rt.index.record_ops else None
         self.record_ops = rt.index.record_ops
         self.expected_names = rt.op_names
-        self.mode = RecordMode(self) if self.recorder is not None else None
+        self.mode = RecordMode(self) if rt.index.windows else None
         self.windows = {w.call: w for w in rt.index.windows}
         self.calls = 0  # module calls of the forward pass so far
         self.pack_op = rt.index.trace.saved_op.tolist()  # pack k happens while op pack_op[k] runs
@@ -470,10 +477,11 @@ class _Iteration:
                     "trace")
 
     def check_pack(self, t: torch.Tensor) -> torch.Tensor:
-        """The pack hook of a plan without actions: the live check of the first pack alone (the
-        batch, usually), then the hooks come off: checking every pack would cost an empty plan
-        3-5 % of a step (measured on the CPU), and a plan that does nothing cannot act on a wrong
-        tensor.  Ours are on top: this runs in our pack hook."""
+        """The pack hook of a plan without actions.  With ops checked (``check="ops"``) every pack
+        is checked and the hooks stay on, so that an iteration that leaves the trace goes on in
+        safe mode from there.  Otherwise the first pack alone (the batch, usually), then the hooks
+        come off: checking every pack would cost an empty plan 3-5 % of a step (measured on the
+        CPU).  Ours are on top: this runs in our pack hook."""
         if t.is_cuda is not self.cuda or torch._C._current_graph_task_id() != -1:
             return t
         k = self.n_packed
@@ -485,6 +493,13 @@ class _Iteration:
                 self.check(k, t)
         if self.safe is not None:  # not the trace's iteration: the hooks stay on, in safe mode
             return self.safe_pack(t)
+        if self.mode is not None:
+            # The ops are checked as they run: the hooks stay on, so that an iteration found to
+            # leave the trace later goes on in safe mode from there.
+            if k == self.n_saved - 1:
+                self.forward_done = True
+                self.mode.stop()
+            return t.detach() if t.requires_grad else t
         torch._C._autograd._pop_saved_tensors_default_hooks()
         self.hooks_pushed = False
         self.stats.hooks_off_after = k
@@ -968,6 +983,7 @@ class PlannedExecution:
             :class:`TraceMismatchError`; ``"safe"``: it goes on in safe mode from the point where it
             left the trace (every later saved tensor on the host until backward needs it,
             :mod:`.offload`), and ``stats.divergence`` says what differed.
+        check: ``"ops"`` (default) or ``"packs"``: what the live check compares (below).
 
     Every iteration is checked against the trace as it runs: at every pack of a saved tensor
     (the ``k``-th is ``trace.saved[k]``) its shape, dtype, storage size and the autograd node
@@ -976,9 +992,13 @@ class PlannedExecution:
     and a block must pack exactly as many tensors as the trace; the first difference raises
     :class:`TraceMismatchError` (one line: the saved tensor, the op, what it was and is), before
     the runtime acts on that tensor.  The hooks stay on for the whole block, so a second forward
-    pass in one block is refused at its first pack beyond the trace's count.  A plan without
-    actions checks the first pack only and then runs exactly as without the runtime (checking
-    every pack would cost it 3-5 % of a step on the CPU).
+    pass in one block is refused at its first pack beyond the trace's count.
+
+    ``check``: ``"ops"`` (default): besides the packs, every forward op's name is compared with
+    the trace's, and the op count at every module call (module docstring); ``"packs"``: the
+    saved tensors alone, and a plan without actions checks the first pack only and then runs
+    exactly as without the runtime (cheaper by a Python dispatch per forward op, blind to ops
+    that save nothing).
 
     Swapped inputs the training loop still holds are never emptied (:mod:`.swap`): reads of the
     batch or the labels between forward and backward see their bytes; the runtime then frees
@@ -993,13 +1013,15 @@ class PlannedExecution:
                  memory_limit: LimitSpec | None = None, max_inflight_bytes: int | None = None,
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
                  check_plan: bool = True, allow_infeasible: bool = False, on_mismatch: str = "raise",
-                 shapes: str = "exact") -> None:
+                 shapes: str = "exact", check: str = "ops") -> None:
         from ..checks import expect
 
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch={on_mismatch!r}: one of {', '.join(map(repr, ON_MISMATCH))}")
         if shapes not in SHAPES:
             raise ValueError(f"shapes={shapes!r}: one of {', '.join(map(repr, SHAPES))}")
+        if check not in CHECKS:
+            raise ValueError(f"check={check!r}: one of {', '.join(map(repr, CHECKS))}")
         self.bounded = shapes == "bounded"
         expect(model, torch.nn.Module, "model", none=True, what="a torch.nn.Module")
         expect(plan, Plan, "plan")
@@ -1045,12 +1067,12 @@ class PlannedExecution:
         self.memory_limit = (resolve_limit(trace, memory_limit) if memory_limit is not None
                              else int(plan.memory_limit))
         try:
-            self.index: PlanIndex = build_index(trace, plan)
+            self.index: PlanIndex = build_index(trace, plan, check_ops=check == "ops")
         except ValueError as e:
             raise TraceMismatchError(str(e)) from None
         self.prefetch = prefetch
         self.track_storages = track_storages
-        self.op_names = [trace.op_names[i] for i in trace.op_name.tolist()] if self.index.record_ops else []
+        self.op_names = [trace.op_names[i] for i in trace.op_name.tolist()] if self.index.windows else []
         self.expandable_segments = bool(self.cuda and expandable_segments and enable_expandable_segments())
         self.backend: Backend = backend if backend is not None else backend_for(self.device)
         largest = max((int(trace.tensor_nbytes[t]) for t in self.index.swap), default=0)
@@ -1111,13 +1133,13 @@ class PlannedExecution:
             grads = gradient_bytes(self.model, self.device.type) if self.model is not None else 0
             it.outside_bytes = max(0, allocated - self.trace.initial_bytes - grads)
         if not self.plan.actions:
-            # nothing to do but check the first pack (check_pack): the saved tensors go to autograd
+            # nothing to do but check packs (check_pack): the saved tensors go to autograd
             if it.n_saved:
                 torch._C._autograd._push_saved_tensors_default_hooks(it.check_pack, HostOffload.unpack)
                 it.hooks_pushed = True
-            return self
-        torch._C._autograd._push_saved_tensors_default_hooks(it.pack, it.unpack)
-        it.hooks_pushed = True
+        else:
+            torch._C._autograd._push_saved_tensors_default_hooks(it.pack, it.unpack)
+            it.hooks_pushed = True
         if it.mode is not None:
             it.fsdp_first_gather = _FsdpFirstGather(it, self.model) if self.fsdp else None
             first = it.windows.get(-1)

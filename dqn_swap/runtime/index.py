@@ -166,8 +166,11 @@ def _windows(trace: Trace, ops: list[int]) -> tuple[Window, ...]:
     return tuple(windows[k] for k in sorted(windows))
 
 
-def build_index(trace: Trace, plan: Plan) -> PlanIndex:
+def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanIndex:
     """Index ``plan`` (made for ``trace``, with its schedule) for the runtime.
+
+    ``check_ops``: the windows of ops to number cover the whole forward pass (every op's name is
+    compared with the trace's, and the op count at every module call), not only the ops re-runs need.
 
     Raises ``ValueError`` for a plan without a schedule (use
     :func:`dqn_swap.simulator.schedule_plan`) or with an action the runtime
@@ -224,7 +227,14 @@ def build_index(trace: Trace, plan: Plan) -> PlanIndex:
     flags = [0] * len(saved)
     position = [-1] * len(saved)
     anchors = trace.pack_progress_op  # per pack, the op whose memory is allocated when it happens
-    windows = _windows(trace, sorted(record)) if record else ()
+    counted = set(record)
+    if check_ops:
+        counted.update(range(b0))
+    windows = _windows(trace, sorted(counted)) if counted else ()
+    if check_ops and b0:
+        # Counting goes on to the end of the forward pass (an op the live iteration runs between two
+        # module calls and the trace does not is seen at once, and every module call checks the count).
+        windows = tuple(Window(w.call, w.start, max(w.end, b0 - 1)) for w in windows)
     # Unpacks that give the runtime control in backward: for every prefetch start, the pack whose
     # unpack is the first at or after it (packs the plan acts on give control anyway).  An autograd
     # node unpacks all its saved tensors right before its first op (``Trace.saved_unpack_op``), so

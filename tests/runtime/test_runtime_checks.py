@@ -92,14 +92,43 @@ def test_a_head_with_more_classes_is_refused_at_its_first_pack(recorded: Trace) 
     step(PlannedExecution(mlp(), plan, recorded), mlp(), *batch(2))  # the recorded model still runs
 
 
-def test_an_empty_plan_checks_the_first_pack_only(recorded: Trace) -> None:
-    """A plan without actions acts on nothing: it checks the batch (the first pack), then runs as
-    without the runtime (checking every pack would cost it 3-5 % of a step)."""
+def test_an_empty_plan_checks_every_op(recorded: Trace) -> None:
+    """A plan without actions acts on nothing, but its limit holds only for the trace's iteration:
+    another head (more memory) is refused at its first saved tensor that differs."""
     model = mlp()
     model[4] = nn.Linear(WIDTH, 2000)
     rt = PlannedExecution(model, manual_plan(recorded), recorded)
+    msg = refused(rt, model, *batch(2, classes=2000))
+    assert "float32[16, 4]" in msg and "float32[16, 2000]" in msg
+
+
+def test_check_packs_checks_the_first_pack_only(recorded: Trace) -> None:
+    """``check="packs"``: a plan without actions checks the batch (the first pack), then runs as
+    without the runtime (checking every pack costs it 3-5 % of a step on the CPU)."""
+    model = mlp()
+    model[4] = nn.Linear(WIDTH, 2000)
+    rt = PlannedExecution(model, manual_plan(recorded), recorded, check="packs")
     step(rt, model, *batch(2, classes=2000))  # another head: not seen, and nothing acted on
     assert rt.stats is not None and rt.stats.hooks_off_after == 0 and rt.stats.packed == 1
+
+
+def test_an_op_more_that_saves_nothing_is_refused(recorded: Trace) -> None:
+    """Every forward op's name is checked, not only the saved tensors: the same network with one op
+    more that saves nothing is not the trace's iteration, whatever the plan does."""
+    class TanhPlusOne(nn.Module):  # one op more, which saves nothing: no saved tensor differs
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x) + 1
+
+    for plan in (manual_plan(recorded), swap_plan(recorded)):
+        model = mlp()
+        model[3] = TanhPlusOne()
+        rt = PlannedExecution(model, plan, recorded)
+        with pytest.raises(TraceMismatchError) as info:
+            step(rt, model, *batch(2))
+        msg = str(info.value)
+        assert "\n" not in msg and "forward op #4 is aten.add, the trace recorded aten.addmm" in msg, msg
+        with pytest.raises(ValueError, match="check="):
+            PlannedExecution(model, plan, recorded, check="everything")
 
 
 @pytest.mark.parametrize("empty", [False, True], ids=["swap-plan", "empty-plan"])
@@ -119,6 +148,9 @@ def test_another_models_trace_is_refused(recorded: Trace) -> None:
     torch.manual_seed(0)
     other = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
     rt = PlannedExecution(other, swap_plan(recorded), recorded)
+    with pytest.raises(TraceMismatchError, match=r"forward op #1 is aten\.relu, the trace recorded aten\.tanh"):
+        step(rt, other, *batch(2))
+    rt = PlannedExecution(other, swap_plan(recorded), recorded, check="packs")  # the saved tensors differ too
     msg = refused(rt, other, *batch(2))
     assert "was float32[" in msg and "is float32[" in msg
 
