@@ -20,6 +20,10 @@ Three measurements, each a subcommand:
     (:mod:`dqn_swap.runtime.clock`): the step's virtual time against the
     simulator's makespan for the plan.
 
+``host`` (CPU)
+    The runtime's own cost per saved tensor: a chain of tiny ops, each saving one tensor, under
+    an empty plan, a swap plan and a recompute plan, against unplanned training.
+
 ``memory`` (CPU)
     The peak of planned training measured with the allocator's timeline, for
     every (model, planner, limit) case with a feasible plan, against the limit
@@ -32,6 +36,7 @@ Three measurements, each a subcommand:
 
     python benchmarks/bench_runtime.py [gpu] [--steps 10] [--planner dqn] [--max-batch]
     python benchmarks/bench_runtime.py overhead --json benchmarks/results/runtime_overhead_cpu.json
+    python benchmarks/bench_runtime.py host --json benchmarks/results/runtime_host_cpu.json
     python benchmarks/bench_runtime.py memory --threads 1 --json benchmarks/results/runtime_memory_cpu.json
     python benchmarks/bench_runtime.py memory --models t5,gcn@bf16,resnet_tiny:8 --planners greedy,dqn --limits 50%
     python benchmarks/bench_runtime.py memory --threads 1 --late-copies 0.005 --json benchmarks/results/runtime_memory_late_copies.json
@@ -452,6 +457,85 @@ def memory(args: argparse.Namespace) -> int:
     return 0 if summary["property_holds"] == len(planned) else 1
 
 
+def host(args: argparse.Namespace) -> int:
+    """The ``host`` subcommand: the runtime's own cost per saved tensor, on the CPU.
+
+    A chain of ``--ops`` ``tanh`` on a 16-element tensor (each saves its output: one saved tensor
+    per op, next to no compute), trained unplanned and under an empty plan, a plan swapping every
+    saved activation and one recomputing every other one (each re-run is one op), each with the op
+    check and with the saves alone; the methods' steps interleaved, CPU seconds of the thread.  The cost per saved tensor
+    is (planned step - unplanned step) / saved tensors."""
+    import torch
+
+    from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations
+    from dqn_swap.recorder import record_trace
+    from dqn_swap.runtime import PlannedExecution
+    from machine import commit, machine
+
+    torch.set_num_threads(1)
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x * self.w
+            for _ in range(args.ops):
+                x = torch.tanh(x)
+            return x
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        return out.sum()
+
+    x = torch.randn(16)
+    trace = record_trace(Chain(), (x,), loss_fn, lambda p: torch.optim.SGD(p, lr=0.01), device="cpu")
+    acts = saved_activations(trace)
+    # Every other activation recomputed: each re-run is one op (removing them all would re-run the
+    # chain from its input for each, quadratic work that is the plan's, not the runtime's).
+    plans = {"empty": manual_plan(trace, planner="empty"), "swap every activation": manual_plan(trace, swap=acts),
+             "recompute every other activation": manual_plan(trace, recompute=recomputable_activations(trace)[1::2])}
+    runs: dict[str, Any] = {}
+    for label in ["unplanned", *plans]:
+        for check in (args.checks.split(",") if label in plans else [""]):
+            model = Chain()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            rt = PlannedExecution(model, plans[label], trace, check=check) if label in plans else None
+            runs[f"{label}|{check}"] = (model, opt, rt, [])
+    for step in range(args.steps + args.warmup):
+        for key, (model, opt, rt, times) in runs.items():
+            t0 = time.thread_time()
+            opt.zero_grad(set_to_none=True)
+            with rt if rt is not None else nullcontext():
+                loss_fn(model(x)).backward()
+            opt.step()
+            if step >= args.warmup:
+                times.append(time.thread_time() - t0)
+    base = statistics.median(runs["unplanned|"][3])
+    n_saved = len(trace.saved)
+    rows = []
+    for key, (_, _, rt, times) in runs.items():
+        label, check = key.split("|")
+        med = statistics.median(times)
+        plan = plans.get(label)
+        rows.append({"method": label, "check": check or None, "saved_tensors": n_saved,
+                     "swaps": plan.n_swap if plan else 0, "recomputes": plan.n_recompute if plan else 0,
+                     "median_step_us": med * 1e6, "us_per_saved_tensor": (med - base) * 1e6 / n_saved})
+        print(f"[bench] {label} {check}: {med * 1e6:.0f} us, {(med - base) * 1e6 / n_saved:.1f} us per saved tensor",
+              file=sys.stderr, flush=True)
+    result = {"machine": machine(), **commit(), "ops": args.ops, "steps": args.steps,
+              "command": " ".join(["python", "benchmarks/bench_runtime.py", *sys.argv[1:]]), "rows": rows}
+    md = [f"A chain of {args.ops} `tanh` on 16 elements ({n_saved} saved tensors, next to no compute), one "
+          "thread; median CPU time of the thread per step, the methods interleaved. Live check `ops`: every "
+          "forward op's name (the default); `packs`: the saves alone.", "",
+          "| method | live check | swaps | recomputes | step (us) | runtime's cost per saved tensor (us) |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {r['method']} | {r['check'] or '-'} | {r['swaps']} | {r['recomputes']} | {r['median_step_us']:.0f} | "
+           f"{r['us_per_saved_tensor']:.1f} |" for r in rows]
+    write(args, result, "\n".join(md) + "\n")
+    return 0
+
+
 def clock(args: argparse.Namespace) -> int:
     """The ``clock`` subcommand: planned training through the real runtime on the virtual clock
     (:class:`dqn_swap.runtime.clock.VirtualClockBackend`) against the simulator.
@@ -604,7 +688,7 @@ def memory_markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("gpu", "overhead", "memory", "clock"):
+    if not argv or argv[0] not in ("gpu", "overhead", "memory", "clock", "host"):
         argv = ["gpu", *argv]
     p = argparse.ArgumentParser(description="benchmark the planned-execution runtime")
     sub = p.add_subparsers(dest="what", required=True)
@@ -652,6 +736,13 @@ def main(argv: list[str] | None = None) -> int:
                         "the prediction is then the simulated peak, and copy-use violations are counted")
     m.add_argument("--json", help="write the figures here (and a .md beside)")
     m.set_defaults(func=memory)
+    h = sub.add_parser("host", help="the runtime's own CPU cost per saved tensor, on a chain of tiny ops")
+    h.add_argument("--ops", type=int, default=256)
+    h.add_argument("--checks", default="ops,packs")
+    h.add_argument("--steps", type=int, default=200)
+    h.add_argument("--warmup", type=int, default=5)
+    h.add_argument("--json", help="write the figures here (and a .md beside)")
+    h.set_defaults(func=host)
     c = sub.add_parser("clock", help="the runtime's step time on the virtual clock against the simulated makespan")
     c.add_argument("--models", default=DEFAULT_MEMORY_MODELS, help="as for memory (plain loop)")
     c.add_argument("--planners", default="greedy,vdnn,lru,sqrt-n,window,tflms,layrub,dqn")

@@ -124,6 +124,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry("dqn_env_steps", "Environment steps per second on ResNet-50 b64"),
     Entry("runtime_overhead_cpu", "Planned training's step time against unplanned, CPU, one thread",
           "overhead"),
+    Entry("runtime_host_cpu", "The runtime's own CPU cost per saved tensor, on a chain of tiny ops", "host"),
     Entry("runtime_memory_cpu", "Planned training's measured CPU peak against the limit and the prediction, "
           "every planner on every model", "memory"),
     Entry("runtime_memory_cpu_ensemble", "The same measure for the plans of checkpoints/ensemble.pt, on every model"),
@@ -197,6 +198,10 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("transfer-search", "Planned through `dqn-search`", "Mean overhead over the four limits."),
     ("overhead", "Planned training's step time (CPU)",
      "Median step time against unplanned training, the methods interleaved step by step in one run."),
+    ("host", "The runtime's own cost per saved tensor (CPU)",
+     "A chain of 256 `tanh` on 16 elements, each saving one tensor (next to no compute): (planned step - "
+     "unplanned step) / saved tensors, one thread, the methods interleaved. Live check `ops`: every forward op's "
+     "name against the trace (the default); `packs`: the saves alone, as before the op check existed."),
     ("memory", "Planned training's memory (CPU)",
      "Measured peak from the allocator's timeline against the limit and the plan's prediction."),
     ("autoplan", "`autoplan`'s cost", "CPU seconds of one thread per step, the methods interleaved."),
@@ -426,7 +431,8 @@ def s_memory() -> tuple[str, list[str]]:
 
 def s_gpu() -> tuple[str, list[str]]:
     stems = sorted(p.stem for p in RESULTS.glob("runtime_*.json")
-                   if p.stem not in ("runtime_overhead_cpu", "runtime_memory_cpu", "runtime_memory_late_copies"))
+                   if p.stem not in ("runtime_overhead_cpu", "runtime_memory_cpu", "runtime_memory_late_copies",
+                                     "runtime_host_cpu"))
     if not stems:
         return "No GPU measurement is recorded yet: `python benchmarks/bench_runtime.py --steps 10 --planner dqn " \
                "--max-batch` on a CUDA machine writes `benchmarks/results/runtime_<gpu>.{json,md}`.", []
@@ -447,6 +453,7 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "ceiling": s_md("env_ceiling"), "table1": s_table1, "ablation": s_ablation,
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
+    "host": s_md("runtime_host_cpu"),
     "autoplan": s_md("autoplan_overhead_cpu"), "clock": s_md("virtual_clock_cpu"),
     "varying": s_md("varying_loops_cpu"), "user": s_md("user_baselines"), "gpu": s_gpu, "record": s_md("record"),
 }
