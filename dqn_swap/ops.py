@@ -34,6 +34,11 @@ UNANNOTATED_WRITES: dict[str, tuple[str, ...]] = {
     "aten.miopen_batch_norm": ("running_mean", "running_var"),
 }
 
+#: ops whose written arguments are optional statistics that, in training mode, no output reads:
+#: a re-run may pass None for them (the outputs are the same) instead of a copy to write.
+STATISTICS_ONLY: dict[str, str] = {"aten.native_batch_norm": "training", "aten.cudnn_batch_norm": "training",
+                                   "aten.miopen_batch_norm": "training"}
+
 _POSITIONS: dict[tuple[torch._ops.OpOverload, tuple[tuple[str, tuple[str, ...]], ...]], tuple[int, ...]] = {}
 
 

@@ -89,19 +89,45 @@ class _Counter(TorchDispatchMode):
     def __init__(self, backend: "VirtualClockBackend") -> None:
         super().__init__()
         self.backend = backend
+        # An empty tensor just made: how the runtime views a storage (``empty(0).set_(storage)``,
+        # bookkeeping) if the next op sets it, else an op of the program (batch norm's empty save
+        # tensors), which the trace times: charged then.
+        self.empty: tuple[Any, Any, dict] | None = None
+
+    def __exit__(self, *exc: Any) -> Any:
+        self._flush(False)
+        return super().__exit__(*exc)
+
+    def _flush(self, is_set: bool) -> None:
+        """The pending empty tensor is charged as an op unless the next op sets it (``set_``: on an
+        alias autograd made of it, so it is the next op that says, not the tensor)."""
+        pending, self.empty = self.empty, None
+        if pending is not None and not is_set:
+            self._charge(torch.ops.aten.empty.memory_format, pending[0], pending[2], pending[1])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         b = self.backend
-        if b.paused or func.is_view or func in _FREE:
+        if b.paused:
+            return out
+        is_set = func._overloadpacket is torch.ops.aten.set_
+        if self.empty is not None and not func.is_view and (is_set or func not in _FREE):
+            self._flush(is_set)
+        if func.is_view or func in _FREE:
             return out
         if func is torch.ops.aten.empty.memory_format and isinstance(out, torch.Tensor) and out.numel() == 0:
-            return out  # how the runtime views a storage (``empty(0).set_(storage)``): bookkeeping
+            self.empty = (args, out, kwargs)
+            return out
+        self._charge(func, args, kwargs, out)
+        return out
+
+    def _charge(self, func: Any, args: Any, kwargs: dict, out: Any) -> None:
+        b = self.backend
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if not inputs and not outputs:
-            return out
+            return
         flops = 0.0
         packet = func._overloadpacket
         if packet in flop_registry:
@@ -114,7 +140,6 @@ class _Counter(TorchDispatchMode):
         b.now += seconds
         b.compute_seconds += seconds
         b.ops_counted += 1
-        return out
 
 
 class VirtualClockBackend:

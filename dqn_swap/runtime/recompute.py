@@ -49,7 +49,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from ..ops import written_positions
+from ..ops import STATISTICS_ONLY, written_positions
 from ..plan import RecomputeStep
 
 _VIEW_LIKE = (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default)
@@ -435,19 +435,30 @@ class OpRecorder:
         args, kwargs = tree_map(real, (rec.args, rec.kwargs))
         positions = written_positions(rec.func, self.extra_writes)
         if positions:
+            schema = rec.func._schema.arguments
             args = list(args)
+
+            def at(pos: int) -> tuple[Any, Any]:
+                return (args, pos) if pos < len(args) else (kwargs, schema[pos].name)
+
+            flag = STATISTICS_ONLY.get(str(rec.func._overloadpacket))
+            unread = False  # the written arguments are statistics no output reads (training mode)
+            if flag is not None:
+                pos = next(i for i, a in enumerate(schema) if a.name == flag)
+                container, where = at(pos)
+                unread = bool(container[where]) if isinstance(container, list) or where in container else False
             for pos in positions:
-                if pos < len(args):
-                    container, where = args, pos
-                else:
-                    container, where = kwargs, rec.func._schema.arguments[pos].name
-                    if where not in container:
-                        continue
+                container, where = at(pos)
+                if isinstance(container, dict) and where not in container:
+                    continue
                 arg = container[where]
                 if isinstance(arg, torch.Tensor):
                     # A re-run must not change model state (batch norm's running statistics) nor the
-                    # snapshots it reads: it writes a copy.
-                    container[where] = arg.clone()
+                    # snapshots it reads.  Batch norm in training mode reads none of its running
+                    # statistics for its outputs: it gets none, and updates none (a copy to write
+                    # cost a clone per re-run that the simulator does not charge); any other op
+                    # writes a copy.
+                    container[where] = None if unread and schema[pos].type.kind() == "OptionalType" else arg.clone()
             args = tuple(args)
         return args, kwargs
 
