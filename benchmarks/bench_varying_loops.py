@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import gc
 import io
+import re
 import sys
 import tempfile
 import time
@@ -103,7 +104,9 @@ def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | No
         if s.diverged:
             safe += 1
         if limit is not None and s.peak > limit:
-            over.append({"step": i, "kind": s.kind, "peak": s.peak, "limit": int(limit), "start": s.start})
+            over.append({"step": i, "kind": s.kind, "peak": s.peak, "limit": int(limit), "start": s.start,
+                         "safe_from": s.safe_from if s.diverged else None,
+                         "unplanned_peak": ref.steps[i].peak if i < len(ref.steps) else None})
         if s.kind == "planned" and entry is not None and not s.diverged:
             ratios.append((i, s.peak / _predicted(entry, cache)))
     diffs = z.differences(ref.state, got.state)
@@ -123,9 +126,7 @@ def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner:
         m, limit, optimizer=o, planner=planner, verbose=False))
     for s in got.steps:  # safe mode: the planned step's stats say whether it left its plan
         s.diverged = False
-    for line in planned.log:  # "step N: left the plan of ..."
-        if line.startswith("step ") and ": left the plan" in line:
-            got.steps[int(line.split()[1].rstrip(":"))].diverged = True
+    _mark_safe(got, planned)
     first = next(iter(planned.entries.values()), None)
     _own_signature(got, planned)
     out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None,
@@ -133,6 +134,17 @@ def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner:
     out["variants"] = sum(len(v) for v in planned.variants.values())
     out["signatures"] = len(planned.variants)
     return out
+
+
+def _mark_safe(run: z.Run, planned: Any) -> None:
+    """The steps that left their plan, and from which saved tensor they ran in safe mode, from
+    autoplan's log ("step N: left the plan of ...; ran on in safe mode from saved tensor #K")."""
+    for line in planned.log:
+        if line.startswith("step ") and ": left the plan" in line:
+            step = run.steps[int(line.split()[1].rstrip(":"))]
+            step.diverged = True
+            m = re.search(r"in safe mode from saved tensor #(-?\d+)$", line)
+            step.safe_from = int(m.group(1)) if m else None
 
 
 def _own_signature(run: z.Run, planned: Any) -> None:
@@ -237,6 +249,8 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
                         p = callback.planned
                         info = {"kind": p.last, "entry": p.last_entry.key if p.last_entry is not None else None,
                                 "diverged": bool(p.last == "planned" and p.stats is not None and p.stats.diverged)}
+                        if info["diverged"]:
+                            info["safe_from"] = p.stats.diverged_at
                     marks.append((name, info))
 
             trainer = transformers.Trainer(model=model, args=args, train_dataset=[dict(r) for r in rows],
@@ -260,7 +274,7 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
         for name, info in marks:
             before, peak = timeline.between(name + "<", name + ">")
             run.steps.append(z.StepRecord(before, peak, info.get("kind", "unplanned"), info.get("entry"),
-                                          bool(info.get("diverged", False))))
+                                          bool(info.get("diverged", False)), info.get("safe_from")))
         return run, callback
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,9 +302,7 @@ def shapes_cell(name: str, mode: str, limit: str, planner: str, steps: int) -> d
     ref, _ = z.run_varying(name, steps)
     got, planned = z.run_varying(name, steps, lambda m, o: autoplan(m, limit, optimizer=o, planner=planner,
                                                                      verbose=False, shapes=mode))
-    for line in planned.log:
-        if line.startswith("step ") and ": left the plan" in line:
-            got.steps[int(line.split()[1].rstrip(":"))].diverged = True
+    _mark_safe(got, planned)
     first = next(iter(planned.entries.values()), None)
     _own_signature(got, planned)
     out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
@@ -397,6 +409,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "stop_causes": dict(Counter(r["stopped"].split(":")[0] + ": " + r["stopped"].partition(": ")[2][:90]
                                         for r in rows if r["stopped"]).most_common()),
             "cells_over": sum(bool(r["over"]) for r in done), "steps_over": sum(len(r["over"]) for r in done),
+            # steps over the limit of the plan they left, by where they left it: at the first saved
+            # tensor (the whole step in safe mode) or midway
+            "steps_over_safe_whole": sum(o.get("safe_from") == 0 for r in done for o in r["over"]),
+            "steps_over_safe_midway": sum((o.get("safe_from") or 0) > 0 for r in done for o in r["over"]),
             "different": sum(not r["identical"] for r in done),
             "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
             "cells_ratio_outside": sum(1 for r in done if r["ratio_min"] is not None
@@ -414,7 +430,12 @@ def markdown(result: dict[str, Any]) -> str:
              f"({s['cells_ratio_outside']} cells outside [0.95, 1.00])", ""]
     kinds = Counter(o["kind"] for r in result["cells"] if not r["stopped"] for o in r.get("over", ()))
     if kinds:
-        lines += ["Steps over the limit, by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()) + ".", ""]
+        lines += ["Steps over the limit, by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()) + "."]
+        if s.get("steps_over_safe_whole") or s.get("steps_over_safe_midway"):
+            lines += [f"Of those, steps that left the plan they started: {s['steps_over_safe_whole']} at their first "
+                      f"saved tensor (the whole step in safe mode), {s['steps_over_safe_midway']} midway. Each is "
+                      "judged against the limit of the plan it left; a percentage limit is resolved per variant."]
+        lines.append("")
     shapes = [r for r in result["cells"] if r["entry"] == "shapes" and not r["stopped"]]
     if shapes:
         lines += ["## Shapes that change at every step", "",
@@ -441,9 +462,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Cells that fell short", "", "| entry | model | loop | precision | limit | what |",
                   "|---|---|---|---|---|---|"]
         for r in bad:
+            left = Counter("whole" if o.get("safe_from") == 0 else "midway" for o in r.get("over", ())
+                           if o.get("safe_from") is not None)
             what = r["stopped"] or "; ".join(filter(None, [
                 f"{len(r['over'])} steps over (worst {max(o['peak'] / o['limit'] for o in r['over']):.3f}x)"
-                if r["over"] else "", "" if r["identical"] else "different: " + ", ".join(r["differences"])]))
+                if r["over"] else "",
+                ", ".join(f"{n} left the plan {'at the first saved tensor' if k == 'whole' else 'midway'}"
+                          for k, n in sorted(left.items(), reverse=True)),
+                "" if r["identical"] else "different: " + ", ".join(r["differences"])]))
             lines.append(f"| {r['entry']} | {r['model']} | {r['loop']} | {r['precision']} | {r['limit']} | "
                          f"{what.replace('|', '/')} |")
     return "\n".join(lines) + "\n"

@@ -402,6 +402,7 @@ class StepRecord:
     kind: str = "unplanned"  # autoplan's kind: warmup, record, planned; "planned" for PlannedExecution
     entry: str | None = None  # the plan's entry followed or recorded
     diverged: bool = False
+    safe_from: int | None = None  # the saved tensor from which the step ran in safe mode (left its plan)
 
 
 @dataclass
@@ -550,6 +551,8 @@ def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callab
                     elif side is not None:
                         info["kind"] = "planned"
                         info["diverged"] = bool(side.stats is not None and side.stats.diverged)
+                        if info["diverged"]:
+                            info["safe_from"] = side.stats.diverged_at
                     run.losses.append(float(loss.detach().float()))
                     if k == micro - 1:
                         if loop == "accumulate":
@@ -568,7 +571,7 @@ def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callab
         for name, info in marks:
             before, peak = timeline.between(name + "<", name + ">")
             run.steps.append(StepRecord(before, peak, info.get("kind", "unplanned"), info.get("entry"),
-                                        bool(info.get("diverged", False))))
+                                        bool(info.get("diverged", False)), info.get("safe_from")))
     if hasattr(side, "step"):  # a recorded step's plan is made after it (at the optimizer's step)
         for i, s in enumerate(run.steps):
             if s.kind == "record":
