@@ -32,6 +32,17 @@ def test_the_wheel_has_one_top_level_package_and_the_agents(tmp_path: Path) -> N
                    "dqn_swap/checkpoints/grid/resnet50.pt", "dqn_swap/checkpoints/README.md"):
         assert needed in names, needed
     assert not any(n.endswith("/__pycache__/") or ".pyc" in n for n in names)
+    # every module of the repository's packages, under its installed name (a package missing from
+    # pyproject's list left dqn_swap/simulator/ out of the wheel, and every install but an editable
+    # one could not simulate or plan)
+    folders = {"dqn_swap": "dqn_swap", "env": "dqn_swap/env", "agents": "dqn_swap/agents",
+               "checkpoints": "dqn_swap/checkpoints"}
+    for folder, installed in folders.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            name = f"{installed}/{path.relative_to(ROOT / folder).as_posix()}"
+            if folder == "dqn_swap" and path.relative_to(ROOT / folder).parts[0] in ("env", "agents", "checkpoints"):
+                continue
+            assert name in names, f"{name} is not in the wheel"
 
 
 def test_help_answers_without_importing_torch() -> None:
