@@ -9,6 +9,7 @@ closing note of the issue that made this so; this test checks the built wheel it
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -19,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_has_one_top_level_package_and_the_agents(tmp_path: Path) -> None:
+    # Built from a copy of the sources alone: an editable install's dqn_swap.egg-info/SOURCES.txt
+    # (and a build/ folder) in the checkout would add every file they list, and hide a package
+    # missing from pyproject's list, as they once did.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "runs",
+                                                             "__pycache__", ".whl", "results"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(tmp_path), str(ROOT)], check=True,
+                    "--disable-pip-version-check", "-w", str(tmp_path), str(src)], check=True,
                    capture_output=True)
     wheel = next(tmp_path.glob("dqn_swap-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
