@@ -345,3 +345,50 @@ def test_a_recording_that_makes_no_valid_trace_runs_on_in_safe_mode(monkeypatch)
     assert_same_state(model, opt, ref_model, ref_opt)
     assert planned.last == "safe" and not planned.entries and planned.safe_steps == 3
     assert any("could not be made a trace" in line for line in planned.log)
+
+
+def residual_forward(self: MaskedNet, x: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> dict:
+    """MaskedNet's forward as its author edited it: one more residual add, which saves nothing but
+    keeps the input projection alive to the head (the same class and parameters: the same cache key)."""
+    h0 = h = self.inp(x)
+    if not bool(mask.all()):
+        h = torch.tanh(h) * mask[:, None]
+    for block in self.blocks:
+        h = h + block(h)
+    logits = self.head(h + h0)
+    return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+
+
+def test_a_cached_plan_is_not_followed_after_the_models_code_changed(tmp_path, monkeypatch) -> None:
+    """A plan cached for one forward pass, loaded for a model of the same parameters and optimizer
+    state whose code adds a residual (an op that saves nothing): the op check sees the add where the
+    trace has none, the step runs on in safe mode, and the model gets a plan of its own; training
+    is its unplanned training."""
+    data = masked_batches(9, padded_every=100)
+    train(fresh(), data, {"memory_limit": "60%", "planner": "lru", "cache": tmp_path})
+    monkeypatch.setattr(MaskedNet, "forward", residual_forward)
+
+    def run(planned_kwargs: dict | None):
+        torch.manual_seed(0)
+        model = MaskedNet()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        planned, losses = None, []
+        for i, batch in enumerate(data):
+            if i == 1 and planned_kwargs:  # attached once the optimizer has its state (a resumed run)
+                planned = autoplan(model, optimizer=opt, verbose=False, **planned_kwargs)
+            with planned.step() if planned is not None else torch.enable_grad():
+                loss = model(**batch)["loss"]
+                loss.backward()
+            losses.append(loss.item())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return model, opt, planned, losses
+
+    model, opt, planned, losses = run({"memory_limit": "60%", "planner": "lru", "cache": tmp_path})
+    assert planned.log[0].startswith("loaded 1 plan"), planned.log
+    left = [line for line in planned.log if ": left the plan" in line]
+    assert left and "is aten.add, the trace recorded aten.addmm" in left[0], planned.log
+    assert any("recording the iteration" in line for line in planned.log) and planned.last == "planned", planned.log
+    ref_model, ref_opt, _, ref_losses = run(None)
+    assert losses == ref_losses
+    assert_same_state(model, opt, ref_model, ref_opt)
