@@ -395,7 +395,11 @@ class _Iteration:
         if mode is not None and mode.pushed and mode.finished:
             mode.stop()  # the window's last op has been recorded: ops run at full speed again
         f = self.flags[k]
-        due = self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]
+        # Releases are due at the pack's horizon (the last point of control before the op that counts
+        # on their bytes), unless the dispatch mode is numbering every op: then each is done right
+        # before its own op (release_before), as the simulator has it, up to the last pack.
+        per_op = mode is not None and mode.pushed and not mode.finished and k < self.n_saved - 1
+        due = not per_op and self.release_next != NO_OP and self.release_next <= self.index.pack_horizon[k]
         if f == 0:
             if k == self.n_saved - 1:
                 self.end_of_forward()
@@ -411,6 +415,19 @@ class _Iteration:
         finally:
             self.paused = False
         return packed
+
+    def release_before(self, op: int) -> None:
+        """Op ``op`` of the forward pass is about to run (the dispatch mode numbers every op): the
+        releases due by then are done now, not at the point of control before it.
+
+        Sync: as in :meth:`enforce_releases`, but exactly where the simulator has the op wait for
+        the bytes, so the ops in between have been issued (on CUDA, queued) before the host waits."""
+        self.paused = True
+        try:
+            with torch.no_grad():
+                self.enforce_releases(op)
+        finally:
+            self.paused = False
 
     def enforce_releases(self, horizon: int) -> None:
         """Free now the device bytes of every swapped tensor the simulation counts as free by op

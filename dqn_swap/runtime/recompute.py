@@ -223,6 +223,8 @@ class RecordMode(TorchDispatchMode):
         it = self.it
         if it.paused or self.op > self.end or func.is_view or func in _VIEW_LIKE:
             return func(*args, **kwargs)
+        if it.release_next <= self.op and it.safe is None:
+            it.release_before(self.op)  # copies out whose bytes this op counts on (before it allocates)
         self.dispatching = True
         try:
             return self._dispatch(func, args, kwargs)
