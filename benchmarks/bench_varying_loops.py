@@ -63,6 +63,11 @@ STEPS = 8
 SHAPE_STEPS = 100  # steps of a workload whose shapes change at every step
 
 
+def bf16(on: bool) -> Any:
+    """bf16 autocast on the CPU, where ``on``: what the loops enter around the model and the loss."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if on else contextlib.nullcontext()
+
+
 class Positional(torch.nn.Module):
     """The model called with positional arguments (``record_trace`` takes a tuple), or keywords.
 
@@ -75,8 +80,7 @@ class Positional(torch.nn.Module):
         self.inner, self.keys, self.autocast = inner, keys, autocast
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        auto = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
-        with auto:
+        with bf16(self.autocast):
             return self.inner(**dict(zip(self.keys, args)), **kwargs)
 
 
@@ -175,7 +179,7 @@ def execution_cell(w: z.Workload, loop: str, precision: str, limit: str, planner
     rec_model = Positional(w.build(), keys, autocast=precision == "bf16")
 
     def loss_fn(out: Any) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext():
+        with bf16(precision == "bf16"):
             return w.loss(out)
 
     trace = record_trace(rec_model, tuple(first[k] for k in keys), loss_fn,

@@ -510,12 +510,9 @@ class _Iteration:
                 self.check(k, t)
         if self.safe is not None:  # not the trace's iteration: the hooks stay on, in safe mode
             return self.safe_pack(t)
-        if self.mode is not None:
-            # The ops are checked as they run: the hooks stay on, so that an iteration found to
-            # leave the trace later goes on in safe mode from there.
+        if self.mode is not None:  # ops checked: the hooks stay on (docstring)
             if k == self.n_saved - 1:
-                self.forward_done = True
-                self.mode.stop()
+                self.end_of_forward()
             return t.detach() if t.requires_grad else t
         torch._C._autograd._pop_saved_tensors_default_hooks()
         self.hooks_pushed = False

@@ -235,51 +235,46 @@ class RecordMode(TorchDispatchMode):
         it = self.it
         dev_type = it.rt.device.type
         i = self.op
-        record = i in it.record_ops
-        if not record:  # the check alone: the op's name, where it touches the device
+        if i not in it.record_ops:  # the check alone: the op's name, where it touches the device
             out = func(*args, **kwargs)
-            if it.safe is not None or not (_touches(args, dev_type) or _touches(kwargs, dev_type)
-                                           or _touches(out, dev_type)):
-                return out  # host-side bookkeeping (profiler marks, counters): the recorder skipped it too
-            self.op += 1
-            name = self.names.get(func)
-            if name is None:
-                name = self.names[func] = str(func._overloadpacket)
-            expected = it.expected_names[i] if i < len(it.expected_names) else "the end of the iteration"
-            if name != expected:
-                it.diverge(f"forward op #{i} is {name}, the trace recorded {expected}: this iteration runs other ops "
-                           "than the trace")
-            return out
+            if it.safe is None and (_touches(args, dev_type) or _touches(kwargs, dev_type) or _touches(out, dev_type)):
+                self._counted(i, func)
+            return out  # (untouched: host-side bookkeeping, profiler marks, counters; the recorder skipped it too)
         flat_in = [x for x in leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.device.type == dev_type]
         rng = None
-        if record and _is_random(func):
+        if _is_random(func):
             # The state before the op: replaying it with this state draws the same numbers.
             gen = _generator_for(func, args, kwargs, it.rt.device)
             rng = (gen, rng_snapshot(gen))
         if flat_in:
-            spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None  # before it runs
+            spec = it.recorder.spec_args(i, func, args, kwargs, flat_in)  # before it runs
             if it.safe is not None:
                 return func(*args, **kwargs)
             out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-            if not any(isinstance(x, torch.Tensor) and x.device.type == dev_type for x in leaves(out)):
+            if not _touches(out, dev_type):
                 return out  # host-side bookkeeping (profiler marks, counters): the recorder skipped it too
-            spec = it.recorder.spec_args(i, func, args, kwargs, flat_in) if record else None
+            spec = it.recorder.spec_args(i, func, args, kwargs, flat_in)
             if it.safe is not None:
                 return out
+        if self._counted(i, func) and spec is not None:
+            it.recorder.finish(i, func, spec, out, rng)
+        return out
+
+    def _counted(self, i: int, func: torch._ops.OpOverload) -> bool:
+        """Op ``i`` ran: count it, and whether it is the op the trace has there (else the
+        iteration diverges)."""
         self.op += 1
         name = self.names.get(func)
         if name is None:
             name = self.names[func] = str(func._overloadpacket)
-        expected = it.expected_names[i] if i < len(it.expected_names) else "the end of the iteration"
+        expected = self.it.expected_names[i] if i < len(self.it.expected_names) else "the end of the iteration"
         if name != expected:
-            it.diverge(f"forward op #{i} is {name}, the trace recorded {expected}: this iteration runs other ops "
-                       "than the trace")
-            return out
-        if spec is not None:
-            it.recorder.finish(i, func, spec, out, rng)
-        return out
+            self.it.diverge(f"forward op #{i} is {name}, the trace recorded {expected}: this iteration runs other "
+                            "ops than the trace")
+            return False
+        return True
 
 
 class OpRecorder:
@@ -443,12 +438,10 @@ class OpRecorder:
             def at(pos: int) -> tuple[Any, Any]:
                 return (args, pos) if pos < len(args) else (kwargs, schema[pos].name)
 
+            # the written arguments are statistics no output reads (training mode)
             flag = STATISTICS_ONLY.get(str(rec.func._overloadpacket))
-            unread = False  # the written arguments are statistics no output reads (training mode)
-            if flag is not None:
-                pos = next(i for i, a in enumerate(schema) if a.name == flag)
-                container, where = at(pos)
-                unread = bool(container[where]) if isinstance(container, list) or where in container else False
+            unread = flag is not None and bool(next(
+                args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(schema) if a.name == flag))
             for pos in positions:
                 container, where = at(pos)
                 if isinstance(container, dict) and where not in container:

@@ -40,9 +40,11 @@ def _trace():
     return trace.with_durations(PROFILE.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0))
 
 
-def _virtual_step(plan=None, trace=None) -> tuple[float, VirtualClockBackend]:
+def _virtual_step(plan=None, trace=None, build=MLP, inputs=(X, Y)) -> tuple[float, VirtualClockBackend, nn.Module]:
+    """The second of two steps of ``build()`` on the virtual clock (under ``plan``, if any): its
+    time, the backend, and the model as training left it."""
     torch.manual_seed(0)
-    model = MLP()
+    model = build()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     backend = VirtualClockBackend(PROFILE)
     rt = PlannedExecution(model, plan, trace, backend=backend) if plan is not None else None
@@ -51,16 +53,16 @@ def _virtual_step(plan=None, trace=None) -> tuple[float, VirtualClockBackend]:
         with backend.ops():
             start = backend.now
             with rt if rt is not None else torch.enable_grad():
-                model(X, Y).backward()
+                model(*inputs).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             seconds = backend.now - start
-    return seconds, backend
+    return seconds, backend, model
 
 
 def test_an_unplanned_step_takes_the_traces_op_times() -> None:
     trace = _trace()
-    seconds, backend = _virtual_step()
+    seconds, backend, _ = _virtual_step()
     assert seconds == pytest.approx(float(trace.op_duration.sum()), rel=1e-9)
     assert backend.waited_seconds == 0.0 and not backend.copies
 
@@ -74,7 +76,7 @@ def test_a_plans_step_is_its_simulated_makespan(planner: str) -> None:
     trace = _trace()
     plan = schedule_plan(trace, get_planner(planner).plan(trace, resolve_limit(trace, "40%")))
     simulated = float(simulate(trace, plan).makespan)
-    seconds, backend = _virtual_step(plan, trace)
+    seconds, backend, _ = _virtual_step(plan, trace)
     assert plan.actions
     if not plan.n_swap:
         assert seconds == pytest.approx(simulated, rel=1e-9)
@@ -102,33 +104,16 @@ def test_batch_norm_re_runs_write_no_statistics_and_take_the_simulated_time() ->
     simulator does not charge, and batch-norm networks ran 2-5 % past their makespan).  The
     recompute plan's virtual step is its makespan, and training is unplanned training's."""
     x, y = X[:, :64].contiguous(), Y
-
-    def run(plan=None, trace=None):
-        torch.manual_seed(0)
-        model = BNNet()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        backend = VirtualClockBackend(PROFILE)
-        rt = PlannedExecution(model, plan, trace, backend=backend) if plan is not None else None
-        for _ in range(2):
-            with backend.ops():
-                start = backend.now
-                with rt if rt is not None else torch.enable_grad():
-                    model(x, y).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                seconds = backend.now - start
-        return seconds, model
-
     torch.manual_seed(0)
     trace = record_trace(BNNet(), (x, y), lambda out: out, lambda p: torch.optim.SGD(p, lr=0.1), device="cpu",
                          profile=PROFILE)
     trace = trace.with_durations(PROFILE.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0))
     plan = schedule_plan(trace, get_planner("sqrt-n").plan(trace, resolve_limit(trace, "30%")))
     assert plan.n_recompute and not plan.n_swap
-    seconds, planned = run(plan, trace)
+    seconds, _, planned = _virtual_step(plan, trace, BNNet, (x, y))
     # (a re-run reads 512 bytes of statistics less than the forward pass's op did: nanoseconds; a
     # clone was microseconds)
     assert seconds == pytest.approx(float(simulate(trace, plan).makespan), rel=1e-4)
-    _, ref = run()
+    _, _, ref = _virtual_step(build=BNNet, inputs=(x, y))
     for (name, a), (_, b) in zip(planned.state_dict().items(), ref.state_dict().items()):
         assert torch.equal(a, b), name  # running statistics and batch counts included
