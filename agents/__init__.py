@@ -1,5 +1,5 @@
-"""Every planner of dqn-swap, registered by name: the DQN, the baselines of the papers, the exact
-planner and the simple rules.
+"""Every planner of dqn-swap, registered by name: the default (``auto``), the DQN, the baselines of
+the papers, the exact planner and the simple rules.
 
 Importing this package registers each planner in the core's registry
 (:mod:`dqn_swap.planners`, which defines the contract :class:`~dqn_swap.planners.Planner`);
@@ -42,6 +42,9 @@ def _lazy(module: str, cls: str, *, agent: str | None = None) -> Callable[..., P
 
 # name, kind, module, class, the parameter that takes the agent file (None: reads none), summary
 _PLANNERS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
+    ("auto", "dqn", ".auto", "AutoPlanner", "agent",
+     "the default: the fastest plan of dqn-search, the quick baselines and the best of them polished, "
+     "in a few seconds"),
     ("dqn", "dqn", ".dqn.planner", "DQNPlanner", "agent_path",
      "the trained structure2vec agent's own plan, greedy in its Q-values (DQN paper)"),
     ("dqn-search", "dqn", ".dqn.planner", "DQNSearchPlanner", "agent_path",

@@ -38,6 +38,9 @@ Examples::
     python benchmarks/bench_generalization.py --split test --per-family 2 --search --polish-control \\
         --long-search 300 --best-known benchmarks/results/best_known.json
 
+``--planners NAME ...`` scores more planners of the registry as the agents are scored (``auto``, the
+default planner).
+
 ``--agents LABEL=PATH ...`` compares several agents on the same cells (an ablation: planners
 ``dqn[LABEL]`` and, with ``--search``, ``dqn-search[LABEL]``); the markdown is then their scorecards.
 ``LABEL=PATH+PATH...`` is the ensemble of those agents (the mean of their Q-values,
@@ -414,6 +417,7 @@ def reusable_cells(path: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.agents import get_planner
     from dqn_swap.agents.local_search import default_simulations
+    from dqn_swap.planners import planner_entry
     from machine import relative_paths
     from dqn_swap.cost import get_profile
     from dqn_swap.lower_bound import lower_bound
@@ -449,6 +453,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             settings[kind + suffix] = {"planner": kind, "agent": "+".join(agent) if isinstance(agent, list) else agent,
                                        **s}
             agents.append(kind + suffix)
+    for name in args.planners:
+        entry = planner_entry(name)
+        planners[name] = (get_planner(name, agent=args.agent, threads=1) if entry.takes_agent
+                          else get_planner(name))
+        settings[name] = {"planner": name, **({"agent": str(args.agent)} if entry.takes_agent else {})}
+        agents.append(name)
     if args.long_search:
         planners[LONG] = long = LongSearch(args.agent, 2 * args.search_k, args.long_search, args.long_factor)
     if args.optimal:
@@ -651,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", nargs="+", metavar="LABEL=PATH",
                    help="compare several agents on the same cells (an ablation) instead of --agent")
     p.add_argument("--search", action="store_true", help="also plan with dqn-search")
+    p.add_argument("--planners", nargs="+", default=[], metavar="NAME",
+                   help="more planners of the registry to score like the agents (auto, the default planner, say; "
+                        "those that read an agent read --agent)")
     p.add_argument("--members", nargs="*", metavar="LABEL",
                    help="these --agents arms (none named: every arm; each must be an ensemble) also decode with "
                         "each member and keep the best plan (DQNPlanner's members=True); such an arm's PATH may "

@@ -12,7 +12,8 @@ the agents first.
 
 Kinds of planner:
 
-* ``dqn`` -- the learned planners (the DQN paper's structure2vec agent, greedy or with search);
+* ``dqn`` -- the learned planners (the DQN paper's structure2vec agent, greedy or with search, and
+  :data:`DEFAULT_PLANNER`, ``auto``, which searches from the agent's plan and the baselines' best);
 * ``baseline`` -- the heuristics of the papers the DQN is compared with;
 * ``optimal`` -- the exact planner (a mixed-integer program) with its certified bound;
 * ``simple`` -- plans made by a fixed rule (swap every activation, recompute every one, swap
@@ -38,6 +39,9 @@ from .trace import EventKind, Phase, Trace
 #: The kinds a planner is registered under, in the order names are listed.
 #: ``switch``: what users switch on instead of planning (a framework's checkpointing or offloading flag).
 KINDS = ("dqn", "baseline", "switch", "optimal", "simple")
+
+#: The planner every entry point uses unless told otherwise (``dqn_swap.agents.auto``).
+DEFAULT_PLANNER = "auto"
 
 #: Planner names that were renamed: old name -> new name (an old name is refused with one line saying so).
 RENAMED = {"checkpoint": "sqrt-n"}

@@ -80,6 +80,7 @@ from .files import is_plain_name, write_atomically
 from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
+from .planners import DEFAULT_PLANNER
 from .recorder import (_end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved,
                        carry_held_outputs)
 from .trace import Phase, Trace, TraceBuilder
@@ -403,7 +404,7 @@ class AutoPlan:
         last_entry: the :class:`Entry` the last planned step followed.
     """
 
-    def __init__(self, model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = "dqn",
+    def __init__(self, model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = DEFAULT_PLANNER,
                  optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
@@ -1065,7 +1066,7 @@ class _Handle:
         self.handle.remove()
 
 
-def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = "dqn",
+def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = DEFAULT_PLANNER,
              optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
              allow_infeasible: bool = False, new_shapes: str = "plan", shapes: str = "bucket",
              **options: Any) -> AutoPlan:
@@ -1076,7 +1077,9 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
         model: the module the loop calls (any call: positional, keyword, Hugging Face outputs).
         memory_limit: any form of :mod:`dqn_swap.limits` (``"50%"``, ``"0.5x"``, ``"8GiB"``);
             a percentage is of each recorded iteration's own range.
-        planner: a planner of :func:`dqn_swap.get_planner` (``dqn``, ``dqn-search``, the baselines).
+        planner: a planner of :func:`dqn_swap.get_planner` (default ``auto``: the fastest plan of
+            ``dqn-search``, the quick baselines and the best of them polished, in a few seconds;
+            ``dqn`` for the agent alone, a baseline by its name).
         optimizer: the optimizer the loop steps; its state and its step join the trace.  Without
             it the trace holds forward and backward alone.
         cache: a folder keeping traces and plans across runs (read first, then added to).

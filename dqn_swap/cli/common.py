@@ -89,9 +89,10 @@ AGENT_HELP = ("agent file, or a shipped agent by name from any folder: default, 
 
 #: ``--search-seconds``'s help, shared by simulate, plan and compare.
 SEARCH_SECONDS_HELP = (
-    "--planner dqn-search: wall-clock seconds it may take for one plan (default 30); when they run out it "
-    "returns the best plan found so far (the budget of simulations, --search-simulations, stops it first "
-    "where it can, and then the plan is the same on every machine)")
+    "--planner auto (the default) and dqn-search: wall-clock seconds they may take for one plan (auto's "
+    "default grows with the trace, 4 s on ResNet-50 b64 to at most 25; dqn-search's is 30); when they run out "
+    "the best plan found so far is returned (the budgets of simulations stop the searches first where they can, "
+    "and then the plan is the same on every machine)")
 
 
 def seconds(text: str) -> float:

@@ -220,10 +220,11 @@ def planner_styles(planners: list[str]) -> dict[str, dict[str, Any]]:
     from dqn_swap.agents import planner_names as registered
 
     order = list(registered()) + [p for p in planners if p not in registered()]
+    learned_kind = set(registered("dqn"))
     styles = {}
     for pl in planners:
         i = order.index(pl)
-        learned = pl.startswith("dqn")  # the learned planners stand out
+        learned = pl in learned_kind or pl.startswith("dqn")  # the learned planners (the default among them) stand out
         styles[pl] = {"color": COLOURS[i % len(COLOURS)], "marker": MARKERS[i % len(MARKERS)],
                       "linestyle": LINESTYLES[(i // len(COLOURS)) % len(LINESTYLES)],
                       "linewidth": 2.6 if learned else 1.2, "zorder": 3 if learned else 2}

@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
     p.add_argument("--memory-limit", "-m", help=RUN_LIMIT_HELP + " (required unless --plan gives it)")
     p.add_argument("--planner",
-                   help=f"who plans (default dqn, the shipped agent): {planner_help()}")
+                   help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}")
     p.add_argument("--plan", metavar="FILE",
                    help="follow this saved plan (dqn-swap plan) instead of planning: it must have been made "
                         "for the trace run records, that is one recorded by dqn-swap record with the same "
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cost import PROFILES
     from ..limits import MemoryLimit
+    from ..planners import DEFAULT_PLANNER
     from .experiment import report_table, run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--trace goes with --plan: it names the trace a saved plan was made for")
         if args.memory_limit is None:
             raise ValueError("--memory-limit is required (or --plan FILE, a saved plan with its own limit)")
-        args.planner = args.planner or "dqn"
+        args.planner = args.planner or DEFAULT_PLANNER
     else:
         for option, value in (("--memory-limit", args.memory_limit), ("--planner", args.planner),
                               ("--agent", args.agent), ("--max-batch", args.max_batch or None)):

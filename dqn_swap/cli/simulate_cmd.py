@@ -24,8 +24,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
     p.add_argument("--planner", default=None,
-                   help=f"who plans (default dqn, the shipped agent): {planner_help()}")
-    p.add_argument("--agent", help=f"for --planner dqn / dqn-search: {AGENT_HELP}")
+                   help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}")
+    p.add_argument("--agent", help=f"for --planner auto / dqn / dqn-search: {AGENT_HELP}")
     p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
                    help="how --planner dqn reads its Q-values: greedy (one action, then look again), "
                         "cover (the best actions until the bytes missing are covered, then look again; "
@@ -76,7 +76,7 @@ def planner_settings(planner_name: str, decode: str = "auto", time_limit: float 
     """The command line's settings for ``planner_name``: decoding, and decoding by members
     (``members``: None, or the more agent files to decode) for dqn; the local search's budget in
     simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
-    default) for dqn-search; the time limit for optimal.  Progress is not a setting: the commands
+    default) for dqn-search; the time budget for auto; the time limit for optimal.  Progress is not a setting: the commands
     switch it on for every planner (:func:`.common.showing_progress`)."""
     if planner_name == "dqn":
         return {"decode": decode} | ({"members": True, "more_agents": members} if members is not None else {})
@@ -86,6 +86,8 @@ def planner_settings(planner_name: str, decode: str = "auto", time_limit: float 
             {} if search_seconds is None else {"time_budget": search_seconds})
     if planner_name == "optimal":
         return {"time_limit": time_limit} if time_limit is not None else {}
+    if planner_name == "auto":
+        return {} if search_seconds is None else {"seconds": search_seconds}
     return {}
 
 
@@ -107,7 +109,7 @@ def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, m
 
     readers = {"--agent": [n for n in planner_names() if planner_entry(n).takes_agent], "--members": ["dqn"],
                "--decode": ["dqn"], "--time-limit": ["optimal"], "--search-simulations": ["dqn-search"],
-               "--search-seconds": ["dqn-search"]}
+               "--search-seconds": ["auto", "dqn-search"]}
     given = settings_given(agent=agent, members=members, decode=decode, time_limit=time_limit,
                            search_simulations=search_simulations, search_seconds=search_seconds)
     for option, who in readers.items():
@@ -133,11 +135,12 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     from dqn_swap.agents import get_planner
 
     from ..cost import profile_of
+    from ..planners import DEFAULT_PLANNER
     from ..trace import resolve_memory_limit
 
     if limit_text is None:
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
-    planner_name = planner_name or "dqn"
+    planner_name = planner_name or DEFAULT_PLANNER
     check_settings_apply([planner_name], agent=agent, members=members, decode=decode, time_limit=time_limit,
                          search_simulations=search_simulations, search_seconds=search_seconds)
     limit = resolve_memory_limit(trace, limit_text)
