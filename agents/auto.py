@@ -182,7 +182,7 @@ class AutoPlanner:
             plan = candidates[chosen]
             show.close(lambda: f"done, {chosen}, overhead {plan.figures.get('overhead', np.nan):.4f}")
         settings: dict[str, Any] = {
-            "chosen": chosen, "seconds": round(budget, 3), "agent": None if self.agent is None else str(self.agent),
+            "chosen": chosen, "seconds": budget, "agent": None if self.agent is None else str(self.agent),
             "candidates": {n: _overhead(p) for n, p in candidates.items()}, "cut_by_time": cut,
             "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
             "plan_seconds": round(time.perf_counter() - t0, 3)}
