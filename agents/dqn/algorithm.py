@@ -197,7 +197,8 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
           profile: str | DeviceProfile | None = None, log_dir: str | os.PathLike[str] | None = "runs",
           run_name: str | None = None, progress: bool | None = None, resume: bool = False,
           overwrite: bool = False, init_from: str | os.PathLike[str] | None = None,
-          command: str | None = None, threads: int | None = None) -> TrainResult:
+          command: str | None = None, threads: int | None = None,
+          reference: str | os.PathLike[str] | None = None) -> TrainResult:
     """Train an agent on ``traces`` at ``memory_limits`` and save it to ``out_path``.
 
     ``memory_limits``: one limit or a list, any form of :mod:`dqn_swap.limits`
@@ -209,6 +210,15 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     (weights, optimiser, step, random state; the replay buffer refills).
     ``init_from``: start from an agent file's weights (fine-tuning).  The saved
     agent holds the weights of the best greedy evaluation.
+
+    ``reference``: an agent file to beat (``dqn-swap train`` passes the shipped agent).  It is
+    evaluated first on the same cells, as step 0 of the run (phase ``"reference"``), and counts
+    among the evaluations: where training does not beat it, the file saved holds the reference's
+    weights, and ``TrainResult.best["phase"]`` says so.  A reference whose network or environment
+    is not this configuration's is not comparable and raises ``AgentFileError``.
+
+    Progress: a tqdm bar on a terminal; elsewhere (a log file, a pipe) one plain line on standard
+    error at every evaluation; ``progress=False``: nothing.
     """
     config = config or DQNConfig()
     out_path = Path(out_path)
@@ -232,7 +242,7 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
         with torch_threads(threads):
             return _train(traces, memory_limits, out_path, config, profile=profile, log_dir=log_dir,
                           run_name=run_name, progress=progress, resume=resume, overwrite=overwrite,
-                          init_from=init_from, command=command, writers=writers)
+                          init_from=init_from, command=command, writers=writers, reference=reference)
     except KeyboardInterrupt as e:
         _close(writers)
         raise _stopped_training(e, out_path, started, new_folders, command) from None
@@ -291,7 +301,8 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
            out_path: Path, config: DQNConfig, *, profile: str | DeviceProfile | None,
            log_dir: str | os.PathLike[str] | None, run_name: str | None, progress: bool | None,
            resume: bool, overwrite: bool, init_from: str | os.PathLike[str] | None,
-           command: str | None, writers: list[Any] | None = None) -> TrainResult:
+           command: str | None, writers: list[Any] | None = None,
+           reference: str | os.PathLike[str] | None = None) -> TrainResult:
     t_start = time.perf_counter()
 
     # ---- seeding
@@ -359,8 +370,17 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         writer.add_text("config", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in config.to_dict().items()))
     from tqdm import tqdm
 
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=config.total_timesteps, initial=start_step, disable=not show, desc="train", unit="step")
+    live = sys.stderr.isatty()
+    bar = tqdm(total=config.total_timesteps, initial=start_step, disable=not (live and progress is not False),
+               desc="train", unit="step")
+    plain = not live and progress is not False  # a log file or a pipe: a line per evaluation
+
+    def say(ev: dict[str, Any], step: int) -> None:
+        if plain:
+            what = f"{ev['phase']} agent" if ev.get("phase") else f"step {step:,} of {config.total_timesteps:,}"
+            print(f"train: {what}, score {ev['score']:.4f} (overhead {ev['overhead']:.4f}, feasible "
+                  f"{ev['feasible']:.0%}), best {best['score']:.4f} at step {best.get('step', step):,}, "
+                  f"{time.perf_counter() - t_start:.0f} s", file=sys.stderr, flush=True)
 
     def log(tag: str, value: float, step: int) -> None:
         if writer is not None:
@@ -378,7 +398,8 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
             log(f"plan/{tag}", ev[tag], step)
         log("plan/score", ev["score"], step)
         if ev["score"] < best["score"] - 1e-12:
-            best = {"score": ev["score"], "step": step, "overhead": ev["overhead"], "feasible": ev["feasible"]}
+            best = {"score": ev["score"], "step": step, "overhead": ev["overhead"], "feasible": ev["feasible"],
+                    **({"phase": phase} if phase else {})}
             best_state = copy.deepcopy(q_net.state_dict())
         save_resume(rpath, {"global_step": step, "q": q_net.state_dict(), "target": target_net.state_dict(),
                             "optimizer": optimizer.state_dict(), "best_state": best_state, "best": best,
@@ -386,6 +407,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
                             "np_rng": rng.bit_generator.state, "config": config.to_dict(),
                             "trace_fingerprints": fingerprints})
         bar.set_postfix(score=f"{ev['score']:.4f}", best=f"{best['score']:.4f}")
+        say(ev, step)
 
     def better(rank: tuple[bool, float], than: tuple[bool, float]) -> bool:
         return rank[0] < than[0] or (rank[0] == than[0] and rank[1] < than[1] - 1e-9)
@@ -441,6 +463,16 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
         log("demos/improved_cells", improved, step)
         log("demos/mean_overhead", float(np.mean([r[1] for r in demo_rank])), step)
 
+    if reference is not None and start_step == 0:
+        # the agent to beat counts as step 0: a run that does not beat it returns it
+        why = reference_mismatch(reference, config)
+        if why is not None or isinstance(q_net, QEnsemble):
+            raise AgentFileError(f"{reference}: the reference agent cannot be compared: {why or 'an ensemble is trained'}")
+        own = copy.deepcopy(q_net.state_dict())
+        q_net.load_state_dict(load_agent(reference)[0].state_dict())
+        evaluate_and_keep(0, "reference")
+        q_net.load_state_dict(own)
+        target_net.load_state_dict(own)
     if init_from is not None and start_step == 0:
         evaluate_and_keep(0, "start")  # the starting point counts: fine-tuning never returns a worse agent
 
@@ -544,6 +576,7 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     q_net.load_state_dict(best_state)
     wall = time.perf_counter() - t_start
     training = {"steps": config.total_timesteps, "wall_time_s": round(wall, 1), "best": best,
+                "reference": str(reference) if reference is not None else None,
                 "environments": [e.name for e in envs],
                 "memory_limits": [int(e.memory_limit) for e in envs], "command": command or "",
                 "init_from": str(init_from) if init_from else None, "demonstrations": demo_info,
@@ -559,6 +592,35 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     return TrainResult(out_path, config.total_timesteps, wall, evaluations, best)
 
 
+#: The settings that make the Q-network what it is (a reference agent must share them).
+NETWORK_FIELDS = ("p", "T", "readout", "head", "head_features", "swap_slack", "aggr", "bias")
+
+
+def reference_mismatch(reference: str | os.PathLike[str], config: DQNConfig) -> str | None:
+    """Why the agent file ``reference`` cannot be the agent a run with ``config`` must beat (None: it can):
+    an ensemble, another environment, or another network."""
+    ref, ref_config, _ = load_agent(reference)
+    if isinstance(ref, QEnsemble):
+        return "it is an ensemble"
+    differ = environment_difference(ref_config, config, ENVIRONMENT_FIELDS)
+    if differ:
+        return f"it plans in another environment ({differ})"
+    differ = environment_difference(ref_config, config, NETWORK_FIELDS)
+    if differ:
+        return f"its network is another ({differ})"
+    return None
+
+
+#: Evaluations a run makes over its steps by default (:func:`eval_cadence`).
+EVALUATIONS = 20
+
+
+def eval_cadence(steps: int) -> int:
+    """Steps between two evaluations by default: ``steps / EVALUATIONS``, at least 50 (20,000 steps:
+    every 1,000; 1,000 steps: every 50)."""
+    return max(50, int(steps) // EVALUATIONS)
+
+
 def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace],
              memory_limits: LimitSpec | Sequence[LimitSpec], out_path: str | os.PathLike[str], *,
              total_timesteps: int | None = None, start_e: float = 0.2, learning_starts: int = 200,
@@ -569,7 +631,8 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
     The agent file's configuration is kept, with less exploration (``start_e``,
     decaying over the first 30% of the steps), a learning rate scaled by
     ``lr_factor`` and a short warm-up; ``config_overrides`` (a dict) changes any
-    other field.  The starting agent is evaluated first, so the result is never
+    other field (the evaluations come every :func:`eval_cadence` steps unless it sets
+    ``eval_every``).  The starting agent is evaluated first, so the result is never
     worse than it on these traces.  Other keyword arguments go to :func:`train`.
 
     ``agent_file`` may be an ensemble file: the network trained is then the mean of its
@@ -581,9 +644,10 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
     decoding makes is the one the loss sees.
     """
     _, config, _ = load_agent(agent_file)
+    steps = total_timesteps or max(config.total_timesteps // 4, 1000)
     config = config.replace(start_e=start_e, learning_starts=learning_starts, exploration_fraction=0.3,
-                            learning_rate=config.learning_rate * lr_factor,
-                            total_timesteps=total_timesteps or max(config.total_timesteps // 4, 1000))
+                            learning_rate=config.learning_rate * lr_factor, total_timesteps=steps,
+                            eval_every=eval_cadence(steps))
     overrides = kwargs.pop("config_overrides", None) or {}
     if overrides:
         config = config.replace(**overrides)

@@ -66,4 +66,4 @@ def run(args: argparse.Namespace) -> int:
                       config_overrides=overrides, profile=args.profile, log_dir=log_dir(args.log_dir),
                       run_name=args.run_name, progress=None, resume=args.resume, overwrite=args.force,
                       command=command_line(args), threads=args.threads)
-    return summarise(result, args, "fine-tuned")
+    return summarise(result, args, "fine-tuned", start_phase="start")

@@ -28,7 +28,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "--steps 20000 -o agent.pt --curve agent.png")
     p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)
     add_training_options(p, default_limits="90%,70%,50%,30%")
-    p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), help="environment steps to train for (default 20000)")
+    p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"),
+                   help="environment steps to train for (default 20000: the shipped agent's, about 10 CPU-minutes "
+                        "on five small networks; evaluated every twentieth of them unless --set eval_every)")
+    p.add_argument("--reference", default="default", metavar="AGENT_FILE",
+                   help="the agent to beat, evaluated first on the same traces and limits; where training does not "
+                        "beat it, the output holds its weights and the summary says so (default: the shipped agent; "
+                        "'none': no reference)")
     p.add_argument("--seed", type=whole(0, MAX_SEED, "seed"), default=0, help="random seed: the same seed gives the same agent (default 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from the -o file's resume file (OUTPUT.resume, written "
@@ -128,10 +134,26 @@ def command_line(args: argparse.Namespace) -> str:
     return "dqn-swap " + " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or [args.command])
 
 
-def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
+def verdict(result: Any, start_phase: str) -> tuple[float | None, str]:
+    """The score of the agent the run had to beat (its step-0 evaluation of phase ``start_phase``:
+    ``reference`` for train, ``start`` for finetune; None: none) and one plain sentence on the outcome."""
+    first = next((e for e in result.evaluations if e.get("phase") == start_phase), None)
+    if first is None:
+        return None, ""
+    who = "the reference agent" if start_phase == "reference" else "the starting agent"
+    if result.best.get("phase") == start_phase:
+        return first["score"], (f"training did not improve on {who} (score {first['score']:.4f}): the file holds "
+                                f"{who}'s weights")
+    return first["score"], (f"training improved on {who}: score {result.best['score']:.4f} against "
+                            f"{first['score']:.4f} ({result.best['score'] / first['score'] - 1:+.1%})"
+                            if first["score"] else f"training improved on {who}")
+
+
+def summarise(result: Any, args: argparse.Namespace, curve_label: str, start_phase: str = "reference") -> int:
     """Write the curve, print the summary (or JSON)."""
     evaluations = result.evaluations
     last = {k: v for k, v in evaluations[-1].items() if k != "per_env"} if evaluations else {}
+    start_score, outcome = verdict(result, start_phase)
     curve = None
     if args.curve:
         from dqn_swap.agents.dqn.report import plot_curves
@@ -141,7 +163,8 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
     summary = {"agent_file": str(result.path), "steps": result.steps, "wall_time_s": round(result.wall_time, 2),
                "best": dict(result.best), "last_evaluation": last,
                "per_environment": evaluations[-1].get("per_env", {}) if evaluations else {},
-               "traces": list(args.traces), "memory_limits": split_limits(args.memory_limits), "curve": curve}
+               "traces": list(args.traces), "memory_limits": split_limits(args.memory_limits), "curve": curve,
+               f"{start_phase}_score": start_score, "outcome": outcome}
     if args.json:
         print_json(summary)
         return 0
@@ -154,9 +177,13 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str) -> int:
         rows.append(("last evaluation", f"step {last['step']}: score {last['score']:.4f}, overhead "
                                         f"{last['overhead']:.4f}, feasible {last['feasible']:.0%}, "
                                         f"{last['n_swap']:.1f} swaps, {last['n_recompute']:.1f} recomputes"))
+    if start_score is not None:
+        rows.insert(3, (f"{'reference' if start_phase == 'reference' else 'starting'} agent", f"score {start_score:.4f}"))
     if curve:
         rows.append(("curve", curve))
     print_table(rows)
+    if outcome:
+        print(outcome)
     print("score: mean over (trace, limit) of overhead plus penalties of the greedy plan; lower is better")
     print(f"use it: dqn-swap plan TRACE -m 50% --planner dqn --agent {result.path} -o plan.json")
     return 0
@@ -174,7 +201,23 @@ def run(args: argparse.Namespace) -> int:
     from dqn_swap.agents.dqn import DQNConfig
 
     check_settings(overrides)
+    from dqn_swap.agents.dqn.algorithm import eval_cadence, reference_mismatch
+
+    overrides.setdefault("eval_every", eval_cadence(overrides.get("total_timesteps", DQNConfig().total_timesteps)))
     config = DQNConfig().replace(seed=args.seed, **overrides)
+    reference = None
+    if args.reference.strip().lower() != "none" and not args.resume:
+        from dqn_swap.agents.dqn.agent_file import agent_location
+
+        reference = agent_location(args.reference)
+        if not reference.is_file():
+            raise FileNotFoundError(f"{reference}: no such agent file (--reference)")
+        why = reference_mismatch(reference, config)
+        if why is not None:
+            import sys
+
+            print(f"dqn-swap train: no reference agent: {args.reference} cannot be compared ({why})", file=sys.stderr)
+            reference = None
     limit_texts = split_limits(args.memory_limits)
     traces = load_traces(args.traces, args.profile)
     limits = training_limits(traces, limit_texts)
@@ -182,5 +225,5 @@ def run(args: argparse.Namespace) -> int:
 
     result = train(list(traces.values()), limits, out, config, profile=args.profile, log_dir=log_dir(args.log_dir),
                    run_name=args.run_name, progress=None, resume=args.resume, overwrite=args.force,
-                   command=command_line(args), threads=args.threads)
+                   command=command_line(args), threads=args.threads, reference=reference)
     return summarise(result, args, "greedy plan")
