@@ -10,6 +10,13 @@ best plan known (the best of those baselines, of ``dqn-search`` in ``--search``,
     python benchmarks/bench_default.py grid --json benchmarks/results/default_planner_grid.json \\
         --md benchmarks/results/default_planner_grid.md
 
+``train``: ``dqn-swap train`` with its defaults (20,000 steps, the shipped agent as the reference to
+beat) on three networks the zoo does not hold, its CPU minutes, the shipped agent's score and the
+trained agent's, and which of the two the output file holds::
+
+    python benchmarks/bench_default.py train --json benchmarks/results/default_train.json \
+        --md benchmarks/results/default_train.md
+
 ``anytime``: the quality a search reaches after 1, 2, 5, 10 and 30 seconds (``--seconds``), by its
 seed:
 
@@ -137,6 +144,55 @@ def grid_markdown(result: dict[str, Any]) -> str:
               f"{g(s['auto_over_best_known'])}, dqn (per-network agents) {g(s['dqn_over_best_known'])}, dqn-search "
               f"(shipped agent) {g(s['dqn_search_over_best_known'])}. CPU seconds of one thread per plan: median "
               f"{s['cpu_seconds_median']:.2f}, largest {s['cpu_seconds_max']:.2f}."]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- train
+def bench_train(args: argparse.Namespace) -> dict[str, Any]:
+    """``dqn-swap train NETWORK`` with its defaults (the shipped agent as the reference to beat) on each
+    network, one process each, its CPU seconds measured (``RUSAGE_CHILDREN``)."""
+    import resource
+    import subprocess
+    import tempfile
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for net in args.networks:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out = Path(tmp) / f"{len(runs)}.pt"
+            cmd = [sys.executable, "-m", "dqn_swap", "train", net, "-o", str(out), "--log-dir", "none", "--json",
+                   "--seed", str(args.seed), *(["--steps", str(args.steps)] if args.steps else [])]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            wall = time.perf_counter() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if done.returncode != 0:
+                raise ValueError(f"{net}: dqn-swap train failed: {done.stderr.strip().splitlines()[-1:]}")
+            summary = json.loads(done.stdout)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            ref = summary["reference_score"]
+            best = summary["best"]
+            run = {"network": net, "steps": summary["steps"], "cpu_seconds": round(cpu, 1), "wall_seconds": round(wall, 1),
+                   "reference_score": ref, "best_score": best["score"], "best_step": best.get("step"),
+                   "kept": "reference" if best.get("phase") == "reference" else "trained",
+                   "beat_reference": ref is not None and best["score"] < ref - 1e-12, "outcome": summary["outcome"],
+                   "per_environment": summary["per_environment"],
+                   "progress_lines": done.stderr.count("train: ")}
+            runs.append(run)
+            print(f"{net}: {run['kept']} kept, reference {ref:.4f}, best {best['score']:.4f} at step "
+                  f"{best.get('step')}, {cpu / 60:.1f} CPU-min; {summary['outcome']}", flush=True)
+    return {"networks": args.networks, "seed": args.seed, "steps": args.steps, "runs": runs}
+
+
+def train_markdown(result: dict[str, Any]) -> str:
+    lines = [f"{result.get('machine', '')}; `{result.get('command', '')}`", "",
+             "| network | steps | CPU minutes | shipped agent's score | trained agent's best score (step) | kept |",
+             "|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        lines.append(f"| {r['network']} | {r['steps']:,} | {r['cpu_seconds'] / 60:.1f} | {r['reference_score']:.4f} | "
+                     f"{r['best_score']:.4f} ({r['best_step']:,}) | {r['kept']} |")
+    lines += ["", "Score: the mean over the four limits (90/70/50/30 %) of the greedy plan's overhead plus its "
+              "penalties; lower is better. `kept`: the agent the output file holds."]
     return "\n".join(lines) + "\n"
 
 
@@ -311,7 +367,15 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--plot")
     a.add_argument("--json")
     a.add_argument("--md")
+    t = sub.add_parser("train", help="dqn-swap train with its defaults on networks the zoo does not hold")
+    t.add_argument("--networks", nargs="+", default=["gen:mlp_mixer:0", "gen:se_cnn:0", "gen:inverted_residual_cnn:1"])
+    t.add_argument("--steps", type=int, help="--steps for train (default: train's own)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json")
+    t.add_argument("--md")
     args = parser.parse_args(argv)
+    if args.command == "train":
+        return run_and_publish("bench_default train", bench_train, train_markdown, args)
     if args.command == "grid":
         return run_and_publish("bench_default grid", bench_grid, grid_markdown, args)
 

@@ -114,8 +114,8 @@ def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, m
                            search_simulations=search_simulations, search_seconds=search_seconds)
     for option, who in readers.items():
         if given[option] and not set(who) & set(planners):
-            chosen = (f"--planner {planners[0]} does not read it" if len(planners) == 1
-                      else f"none of the planners chosen ({', '.join(planners)}) reads it")
+            chosen = (f"--planner {planners[0]} does not read it (name one that does: --planner {who[0]})"
+                      if len(planners) == 1 else f"none of the planners chosen ({', '.join(planners)}) reads it")
             raise ValueError(f"{option} is read by {', '.join(who)} only, and {chosen}")
 
 

@@ -205,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
 
     overrides.setdefault("eval_every", eval_cadence(overrides.get("total_timesteps", DQNConfig().total_timesteps)))
     config = DQNConfig().replace(seed=args.seed, **overrides)
+    limit_texts = split_limits(args.memory_limits)
+    traces = load_traces(args.traces, args.profile)
+    limits = training_limits(traces, limit_texts)
     reference = None
     if args.reference.strip().lower() != "none" and not args.resume:
         from dqn_swap.agents.dqn.agent_file import agent_location
@@ -218,9 +221,6 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"dqn-swap train: no reference agent: {args.reference} cannot be compared ({why})", file=sys.stderr)
             reference = None
-    limit_texts = split_limits(args.memory_limits)
-    traces = load_traces(args.traces, args.profile)
-    limits = training_limits(traces, limit_texts)
     from dqn_swap.agents.dqn.algorithm import train
 
     result = train(list(traces.values()), limits, out, config, profile=args.profile, log_dir=log_dir(args.log_dir),

@@ -163,3 +163,40 @@ def test_cover_batches_keep_to_the_best_actions_kind(tiny_resnet_trace):
         assert batch[0] == first and {int(g.kind[a]) for a in batch} == {int(g.kind[first])}
         same = order[g.kind[order] == g.kind[first]]  # the kind's actions alone, in Q order
         assert batch == cover_batch(env, q, same, first=first, ahead=10**6)
+
+
+def _same_weights(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_a_run_that_does_not_beat_its_reference_returns_the_reference(tiny_resnet_trace, trained, tmp_path, capsys):
+    from dqn_swap.agents.dqn.algorithm import reference_mismatch
+
+    path, first = trained
+    assert reference_mismatch(path, TINY) is None
+    assert "its network is another (p 16, not 32)" in reference_mismatch(path, DQNConfig())
+    # Untrained (no learning step) against the trained agent: step 0 is the reference's evaluation,
+    # and the file keeps whichever scored best -- here the reference, which the run cannot beat.
+    cfg = TINY.replace(total_timesteps=20, learning_starts=10_000, eval_every=10, seed=3)
+    r = train(tiny_resnet_trace, LIMIT, tmp_path / "b.pt", cfg, log_dir=None, progress=None, reference=path)
+    ref_ev = r.evaluations[0]
+    assert ref_ev["phase"] == "reference" and ref_ev["step"] == 0
+    assert ref_ev["score"] == pytest.approx(first.best["score"])  # the reference evaluated as its own run did
+    saved, _, ckpt = load_agent(tmp_path / "b.pt")
+    reference, _, _ = load_agent(path)
+    best_ev = min(r.evaluations, key=lambda e: e["score"])
+    assert r.best["score"] == best_ev["score"]
+    assert ckpt["training"]["reference"] == str(path)
+    if r.best.get("phase") == "reference":
+        assert _same_weights(saved, reference)
+    else:
+        assert r.best["score"] < ref_ev["score"] and not _same_weights(saved, reference)
+    # off a terminal (pytest captures stderr), a plain line per evaluation
+    err = capsys.readouterr().err
+    assert err.count("train: ") == len(r.evaluations) and "train: reference agent, score" in err
+
+
+def test_evaluations_scale_with_the_steps() -> None:
+    from dqn_swap.agents.dqn.algorithm import eval_cadence
+
+    assert eval_cadence(20_000) == 1_000 and eval_cadence(1_000) == 50 and eval_cadence(10) == 50

@@ -129,6 +129,9 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys, monkey
     members_plan = folder / "members-plan.json"
     code, out, err = run(["plan", str(mlp), "-m", "50%", "--agent", str(ens), "--members", "-o", str(members_plan),
                           "--json"], capsys)
+    assert code == 2 and "--members is read by dqn only" in err and "--planner dqn" in err  # the default is auto
+    code, out, err = run(["plan", str(mlp), "-m", "50%", "--planner", "dqn", "--agent", str(ens), "--members",
+                          "-o", str(members_plan), "--json"], capsys)
     assert code == 0, err
     plan = Plan.load(members_plan, trace)
     overheads = plan.settings["member_overheads"]
@@ -138,7 +141,7 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys, monkey
     # and with more agent files, each in its own environment (the shipped groups ensemble: max_chain=3),
     # the shipped ones named as a pip-installed user names them, from a folder without checkpoints/
     monkeypatch.chdir(folder)
-    code, out, err = run(["plan", str(mlp), "-m", "50%", "--agent", "ensemble", "--members", "ensemble_groups",
+    code, out, err = run(["plan", str(mlp), "-m", "50%", "--planner", "dqn", "--agent", "ensemble", "--members", "ensemble_groups",
                           "-o", str(members_plan), "--force", "--json"], capsys)
     assert code == 0, err
     plan = Plan.load(members_plan, trace)
@@ -146,7 +149,7 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys, monkey
     assert plan.settings["members"] == 14 and list(overheads) == ["ensemble", "ensemble_groups"]
     fitting = [o for per_file in overheads.values() for o in per_file if o is not None]
     assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
-    code, out, err = run(["simulate", str(mlp), "-m", "50%", "--agent", str(path), "--members"], capsys)
+    code, out, err = run(["simulate", str(mlp), "-m", "50%", "--planner", "dqn", "--agent", str(path), "--members"], capsys)
     one_line_error(code, err, "needs an ensemble", str(path))
 
 
@@ -200,6 +203,18 @@ def test_finetune_from_the_trained_agent(agent, mlp, tmp_path, capsys):
     assert ckpt["training"]["init_from"] == str(source)
     assert config.start_e == 0.2 and config.p == 8  # the source's network, less exploration
     assert ckpt["training"]["evaluations"][0]["step"] == 0  # the starting agent is evaluated first
+    start = ckpt["training"]["evaluations"][0]["score"]
+    assert summary["start_score"] == start
+    improved = ckpt["training"]["best"].get("phase") != "start"
+    assert summary["outcome"].startswith("training improved on the starting agent" if improved else
+                                         "training did not improve on the starting agent")
+    assert err.count("train: ") == len(ckpt["training"]["evaluations"])  # a plain line per evaluation off a terminal
+    # the table says it too, beside the starting agent's score
+    code, out, err = run(["finetune", str(mlp), "--from", str(source), "-m", "70%", "-o", str(out_path), "--force",
+                          "--steps", "100", "--set", "eval_every=50", "--set", "learning_starts=20",
+                          "--threads", "1", "--log-dir", "none"], capsys)
+    assert code == 0, err
+    assert f"score {start:.4f}" in out and summary["outcome"] in out
 
 
 def test_finetune_missing_source_one_line(mlp, tmp_path, capsys):
