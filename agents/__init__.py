@@ -43,7 +43,7 @@ def _lazy(module: str, cls: str, *, agent: str | None = None) -> Callable[..., P
 # name, kind, module, class, the parameter that takes the agent file (None: reads none), summary
 _PLANNERS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
     ("auto", "dqn", ".auto", "AutoPlanner", "agent",
-     "the default: the fastest plan of dqn-search, the quick baselines and the best of them polished, "
+     "the default: the fastest plan of dqn-search and of the quick baselines polished by local search, "
      "in a few seconds"),
     ("dqn", "dqn", ".dqn.planner", "DQNPlanner", "agent_path",
      "the trained structure2vec agent's own plan, greedy in its Q-values (DQN paper)"),

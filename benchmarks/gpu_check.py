@@ -50,12 +50,16 @@ DRY_MODELS = (("resnet_tiny", 4), ("gpt_tiny", 2))
 #: The limits after per-block checkpointing's peak ("checkpoint").
 LIMITS = ("checkpoint", "50%", "70%", "30%")
 BASE_METHODS = ("unplanned", "torch-checkpoint", "save_on_cpu")
-SEARCH_BUDGET = 3.0  # seconds of dqn-search per plan on a GPU
+SEARCH_BUDGET = 2.0  # seconds of auto's and of dqn-search's search per plan on a GPU
 DRY_SEARCH_BUDGET = 0.3
 #: Seconds allowed on the GPU machine: the CUDA tests, one recording, one training run of a method
 #: (model built, warm-up and measured steps), and a plan besides its search budget.
 ALLOWANCE = {"tests": 90.0, "record": 8.0, "train": 3.0, "plan": 1.5}
 BUDGET = 450.0  # seconds on a GPU before the remaining cells are skipped (the run must end within 8 minutes)
+
+
+#: The planners given the search budget, and the option each takes it by.
+SEARCHING = {"auto": "seconds", "dqn-search": "time_budget"}
 
 
 def default_planner() -> str:
@@ -72,8 +76,9 @@ def planners() -> tuple[str, ...]:
 def estimate_seconds(models: tuple[tuple[str, int], ...] = MODELS, search: float = SEARCH_BUDGET) -> float:
     """The run's time on a GPU from :data:`ALLOWANCE`, before anything runs."""
     cells = len(LIMITS) * len(planners())
+    searching = sum(p in SEARCHING for p in planners())
     per_model = ALLOWANCE["record"] + len(BASE_METHODS) * ALLOWANCE["train"]
-    per_model += cells * (ALLOWANCE["train"] + ALLOWANCE["plan"]) + len(LIMITS) * search
+    per_model += cells * (ALLOWANCE["train"] + ALLOWANCE["plan"]) + len(LIMITS) * searching * search
     return ALLOWANCE["tests"] + len(models) * per_model
 
 
@@ -147,7 +152,7 @@ def check_model(name: str, batch: int, device: Any, *, steps: int, warmup: int, 
                 continue
             cell["limit_bytes"] = limit + trace.outside_bytes
             say(f"{name}: {planner} at {limit_spec}")
-            options = {"time_budget": search} if planner == "dqn-search" else {}
+            options = {SEARCHING[planner]: search} if planner in SEARCHING else {}
             t0 = time.perf_counter()
             plan = make_planned(trace, limit, get_planner(planner, **options), profile)
             cell["plan_seconds"] = round(time.perf_counter() - t0, 2)

@@ -1078,7 +1078,7 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
         memory_limit: any form of :mod:`dqn_swap.limits` (``"50%"``, ``"0.5x"``, ``"8GiB"``);
             a percentage is of each recorded iteration's own range.
         planner: a planner of :func:`dqn_swap.get_planner` (default ``auto``: the fastest plan of
-            ``dqn-search``, the quick baselines and the best of them polished, in a few seconds;
+            ``dqn-search`` and of the quick baselines polished by local search, in a few seconds;
             ``dqn`` for the agent alone, a baseline by its name).
         optimizer: the optimizer the loop steps; its state and its step join the trace.  Without
             it the trace holds forward and backward alone.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The main job, on a fresh machine: install, record ResNet-50 (batch 64) on the
 # meta device, print its summary and memory plot, then plan it at four memory
-# limits with every planner (the DQN agent shipped for ResNet-50, the baselines of the
-# papers and the exact planner) and print the comparison, every plan measured against
-# the certified bound.  To finish in about two minutes after the install, the exact
-# planner gets 10 CPU seconds a limit and dqn-search 10 seconds a plan: the bounds are
+# limits with every planner (the default, auto; the DQN agent shipped for ResNet-50, the
+# baselines of the papers and the exact planner) and print the comparison, every plan measured
+# against the certified bound.  To finish in about two minutes after the install, the exact
+# planner gets 10 CPU seconds a limit, and auto and dqn-search 10 seconds a plan: the bounds are
 # then looser than the exact planner's full comparison (60 CPU seconds a cell on the
 # comparison grid: python benchmarks/bench_optimal.py grid --time-limit 60, benchmarks/results/optimal_grid_60s.md).
 # Output goes to out/quickstart/ (replaced on each run; it is this script's own folder).

@@ -18,7 +18,7 @@ def test_every_name_is_registered_once_with_its_kind() -> None:
     names = planner_names()
     assert len(names) == len(set(names))
     assert names == tuple(n for k in KINDS for n in planner_names(k))
-    assert planner_names("dqn") == ("dqn", "dqn-search") and planner_names("optimal") == ("optimal",)
+    assert planner_names("dqn") == ("auto", "dqn", "dqn-search") and planner_names("optimal") == ("optimal",)
     assert planner_names("baseline") == ("none", "window", "greedy", "dynprog", "vdnn", "lru", "tflms", "sqrt-n",
                                          "layrub")
     assert planner_names("switch") == ("per-block", "offload-all", "offload-all+per-block", "knapsack")
@@ -40,7 +40,7 @@ def test_registered_planners_follow_the_contract(name: str) -> None:
 
 
 def test_unknown_and_renamed_names_are_one_line() -> None:
-    with pytest.raises(ValueError, match=r"^unknown planner 'nope'; choose one of: dqn, dqn-search, none, .*greedy-swap$"):
+    with pytest.raises(ValueError, match=r"^unknown planner 'nope'; choose one of: auto, dqn, dqn-search, none, .*greedy-swap$"):
         get_planner("nope")
     for call in (lambda: get_planner("checkpoint"), lambda: check_planner_name("checkpoint")):
         with pytest.raises(ValueError, match=r"^planner 'checkpoint' is now called 'sqrt-n'$"):

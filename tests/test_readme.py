@@ -134,7 +134,7 @@ def test_recording_and_planning_commands_run(tmp_path: Path) -> None:
                  "comparison/compare.md", "comparison/compare.csv"):
         assert (tmp_path / name).stat().st_size > 0, name
     plan = json.loads((tmp_path / "r18-plan.json").read_text())
-    assert plan["planner"] == "dqn" and plan["actions"]
+    assert plan["planner"] == "auto" and plan["actions"] and plan["settings"]["chosen"]
     table = (tmp_path / "comparison" / "compare.md").read_text()
     assert all(p in table for p in ("window", "greedy", "lru", "dqn", "optimal"))
 
