@@ -43,6 +43,16 @@ class Entry:
 
 
 CATALOG: tuple[Entry, ...] = (
+    Entry("default_planner_test", "The default planner (auto) on the test families' 56 cells beside every baseline, "
+          "dqn and dqn-search, against the best plans known", "default"),
+    Entry("default_planner_grid", "The default planner on the comparison grid against every baseline and switch",
+          "default"),
+    Entry("default_planner_anytime", "What the agent buys a search: the quality after 1 to 30 seconds of local search "
+          "seeded by the agent, by the best baseline and by a fixed rule", "default"),
+    Entry("default_train", "dqn-swap train with its defaults on three networks the zoo does not hold, against the "
+          "shipped agent", "default"),
+    Entry("planners_auto_*", "Planning time (CPU seconds of one thread) and overhead of auto on ResNet-50 b64, "
+          "ResNet-1001 b64 and a 32-layer Llama", "default"),
     Entry("dqn_grid", "Comparison grid: every baseline and the agent made for each network or cell "
           "(checkpoints/grid/), simulated overhead in 20 cells", "grid"),
     Entry("dqn_grid_ensemble", "The grid planned by checkpoints/ensemble.pt alone, in one pass, against the best "
@@ -146,6 +156,10 @@ CATALOG: tuple[Entry, ...] = (
 )
 
 SECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("default", "The default planner",
+     "`auto` (`dqn_swap/agents/auto.py`): the quick baselines, `dqn-search` with the shipped agent and the "
+     "baselines' plans polished by local search, within a budget of seconds that grows with the trace; the "
+     "fastest plan that fits. Overheads are simulated; CPU seconds are one thread's."),
     ("grid", "Comparison grid",
      "Simulated overhead, (makespan - compute) / compute, of every planner at 90/70/50/30 % on five "
      "networks (meta traces, profile `v100-pcie3`); `×`: the plan does not fit; bold: the lowest baseline. "
@@ -375,6 +389,37 @@ def s_train() -> tuple[str, list[str]]:
     return "\n".join(rows), stems
 
 
+def s_default() -> tuple[str, list[str]]:
+    """The default planner: its scorecard on the test families, the grid, its planning time on large graphs,
+    the quality per second of search by seed, and what train with its defaults gives."""
+    test = load("default_planner_test")
+    rows = ["| planner | cells at or below the best baseline | makespan / best known | makespan / best baseline's | "
+            "CPU s per cell, median | max |", "|---|---|---|---|---|---|"]
+    for name in ("auto", "dqn-search", "dqn", "best baseline polished"):
+        c = test["scorecard"][name]
+        rows.append(f"| {name} | {c['wins']} / {c['cells']} | {c['geomean_vs_best_known']:.4f} | "
+                    f"{c['geomean_vs_best']:.4f} | {c['cpu_seconds_median']:.2f} | {c['cpu_seconds_max']:.2f} |")
+    parts = ["The test families (two networks of each of seven families no agent was trained on, four limits):",
+             "\n".join(rows), "The comparison grid:", tables_of((RESULTS / "default_planner_grid.md").read_text())]
+    stems = ["default_planner_test", "default_planner_grid"]
+    timing = sorted(p.stem for p in RESULTS.glob("planners_auto_*.json"))
+    if timing:
+        rows = ["| network | events | limit | overhead | CPU s | wall s |", "|---|---|---|---|---|---|"]
+        for stem in timing:
+            d = load(stem)
+            for r in d["rows"]:
+                rows.append(f"| {d['trace']} | {d['events']:,} | {round(r['fraction'] * 100)} % | {fmt(r['overhead'])} | "
+                            f"{r['cpu_s']:.2f} | {r['planning_s']:.2f} |")
+        parts += ["Planning time on large graphs (one thread):", "\n".join(rows)]
+        stems += timing
+    for stem, title in (("default_planner_anytime", "What the agent buys a search:"),
+                        ("default_train", "`dqn-swap train` with its defaults:")):
+        if (RESULTS / f"{stem}.md").exists():
+            parts += [title, tables_of((RESULTS / f"{stem}.md").read_text())]
+            stems.append(stem)
+    return "\n\n".join(parts), stems
+
+
 def s_plantime() -> tuple[str, list[str]]:
     d = load("dqn_plan_time")
     decs = d.get("decodings", ["greedy", "cover"])
@@ -444,6 +489,7 @@ def s_gpu() -> tuple[str, list[str]]:
 
 
 BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
+    "default": lambda: s_default(),
     "grid": s_grid, "search": s_search, "optimal": s_md("optimal_grid_60s"), "optimal600": s_md("optimal_grid"),
     "scaling": s_md("optimal_scaling"), "bound": s_bound, "test": s_generalization("generalization_test"),
     "validation": s_generalization("generalization_validation_polish"),
