@@ -23,7 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Train the structure2vec deep Q-network on one or more traces at several memory "
                     "limits (every trace is paired with every limit and episodes cycle through the "
                     "pairs), and save the agent with the weights of its best greedy evaluation. "
-                    "Use it with 'dqn-swap plan/simulate/compare/run --planner dqn --agent FILE'.",
+                    "Training must beat the shipped agent on these traces and limits, or the output holds the "
+                    "shipped agent's weights and the summary says so. Use it with "
+                    "'dqn-swap plan/simulate/compare/run --agent FILE' (the default planner searches from its "
+                    "plans; --planner dqn for its greedy plan alone).",
         epilog="Example: dqn-swap train resnet_tiny:8 gpt_tiny:4 --memory-limits 90%,70%,50%,30% "
                "--steps 20000 -o agent.pt --curve agent.png")
     p.add_argument("traces", nargs="+", metavar="TRACE", help=TRACE_HELP)
@@ -185,7 +188,8 @@ def summarise(result: Any, args: argparse.Namespace, curve_label: str, start_pha
     if outcome:
         print(outcome)
     print("score: mean over (trace, limit) of overhead plus penalties of the greedy plan; lower is better")
-    print(f"use it: dqn-swap plan TRACE -m 50% --planner dqn --agent {result.path} -o plan.json")
+    print(f"use it: dqn-swap plan TRACE -m 50% --agent {result.path} -o plan.json (the default planner, auto, "
+          "searches from its plans; --planner dqn for its greedy plan alone)")
     return 0
 
 
