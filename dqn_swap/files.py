@@ -8,6 +8,7 @@ goes through :func:`write_atomically`:
    :func:`tempfile.mkstemp`) in the target's folder under an unpredictable name, so a symbolic link
    planted at a guessable temporary name is never opened, let alone followed;
 2. the temporary file is flushed and given the permissions a plain ``open(path, "w")`` would give;
+   (the final name's first 200 bytes in it, so that a legal 255-byte name still gets one);
 3. it then takes the final name in one step: with ``overwrite`` by :func:`os.replace` (which replaces
    a link at the final name by the file, and never writes into the link's target), without it by
    :func:`os.link`, which fails if the name exists, so of two writers racing for one new output
@@ -40,13 +41,15 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    if path.exists() and not path.is_file() and not path.is_symlink():
+        raise FileExistsError(f"{path}: is not a regular file (a device, a FIFO or a socket); it is not replaced")
     if (path.exists() or path.is_symlink()) and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"{path}: directory {folder} does not exist")
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        fd, name = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=folder)
     except OSError as e:  # the folder refuses new files (/proc, a read-only mount): one line naming ``path``
         error = type(e)(f"{path}: cannot be written ({e.strerror or e})")
         error.errno = e.errno
@@ -72,6 +75,16 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+#: Bytes of the final name kept in the temporary name: with the dots, the random part and ``.tmp``, the
+#: temporary name stays within the 255 bytes file systems allow a name, whatever the final name's length.
+TEMP_NAME_BYTES = 200
+
+
+def _short(name: str) -> str:
+    """``name`` cut to at most :data:`TEMP_NAME_BYTES` bytes of UTF-8 (never inside a character)."""
+    return name.encode("utf-8", "surrogateescape")[:TEMP_NAME_BYTES].decode("utf-8", "ignore")
 
 
 def _link_new(tmp: Path, path: Path) -> None:

@@ -74,10 +74,14 @@ class MemoryLimit:
             return spec
         if isinstance(spec, bool):
             raise MemoryLimitError(f"not a memory limit: {spec!r}; write {FORMS}")
-        if isinstance(spec, int) or (hasattr(spec, "dtype") and getattr(spec, "dtype").kind in "iu"):
+        kind = getattr(getattr(spec, "dtype", None), "kind", None)  # NumPy's scalars; a tensor's dtype has none
+        if isinstance(spec, int) or (kind is not None and kind in "iu"):
             return cls("bytes", float(int(spec)))
-        if isinstance(spec, float) or (hasattr(spec, "dtype") and getattr(spec, "dtype").kind == "f"):
+        if isinstance(spec, float) or kind == "f":
             return cls._bare(float(spec), repr(float(spec)))
+        if hasattr(spec, "dtype"):
+            raise MemoryLimitError(f"not a memory limit: a {type(spec).__name__}; give a number of bytes "
+                                   f"(int(...)) or {FORMS}")
         if not isinstance(spec, str):
             raise MemoryLimitError(f"not a memory limit: {spec!r}; write {FORMS}")
         text = spec.strip()

@@ -201,9 +201,11 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str], trace: "Trace | None" = None) -> "Plan":
         """Read a plan; with ``trace``, check that the plan was made for it."""
-        from .checks import expect_path
+        from .checks import expect, expect_path
+        from .trace import Trace
 
         path = Path(expect_path(path, "path"))
+        expect(trace, Trace, "trace", none=True, what="a Trace (Trace.load(path) reads one)")
         special = not_a_regular_file(path)
         if special:
             raise PlanError(special)

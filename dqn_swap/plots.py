@@ -38,10 +38,17 @@ def is_our_png(path: Path) -> bool:
 def check_output(path: str | os.PathLike[str], force: bool = False, png: bool = False) -> Path:
     """Check an output before any work is done: refuse to replace a file the user owns (our own
     earlier plots may be replaced) or a link (even one pointing nowhere), a directory, or a place
-    that cannot be written; with ``png``, a name that does not end in ``.png`` (plots are PNG)."""
+    that cannot be written; with ``png``, a name that does not end in ``.png`` (plots are PNG).  A name
+    ending in a path separator names a folder and is refused; what is not a regular file or a link (a
+    device, a FIFO, a socket) is never replaced, ``force`` or not."""
+    text = os.fspath(path)
+    if text.endswith(("/", os.sep)) or (os.altsep and text.endswith(os.altsep)):
+        raise IsADirectoryError(f"{text}: ends with a separator, so it names a folder; give the file's name")
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    if path.exists() and not path.is_file() and not path.is_symlink():
+        raise FileExistsError(f"{path}: is not a regular file (a device, a FIFO or a socket); it is not replaced")
     if png and path.suffix.lower() != ".png":
         raise ValueError(f"{path}: plots are written as PNG; name the file .png")
     if path.exists() and not force and not (path.suffix.lower() == ".png" and is_our_png(path)):

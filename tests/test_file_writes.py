@@ -174,3 +174,69 @@ def test_a_folder_that_refuses_new_files_gives_one_line_naming_the_output() -> N
     with pytest.raises(OSError, match=r"^/proc/x\.png: cannot be written") as info:
         write_text(Path("/proc/x.png"), "x")
     assert ".tmp" not in str(info.value)
+
+
+def test_a_legal_long_name_gets_a_temporary_name_within_the_limit(tmp_path: Path) -> None:
+    name = "p" * 250 + ".json"  # 255 bytes: legal, while ".NAME.XXXXXXXX.tmp" beside it would not be
+    write_text(tmp_path / name, "x")
+    assert (tmp_path / name).read_text() == "x" and [p.name for p in tmp_path.iterdir()] == [name]
+    wide = "é" * 127  # 254 bytes of two-byte characters: the temporary name is never cut inside one
+    write_text(tmp_path / wide, "y", overwrite=True)
+    assert (tmp_path / wide).read_text() == "y"
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs a device node")
+def test_what_is_not_a_regular_file_is_never_replaced(tmp_path: Path, capsys, monkeypatch) -> None:
+    """--force replaces a file or a link, never a device, a FIFO or a socket."""
+    from dqn_swap.cli import main
+
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    with pytest.raises(FileExistsError, match="is not a regular file"):
+        write_text(fifo, "x", overwrite=True)
+    assert fifo.is_fifo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "--model", "mlp_tiny", "--batch-size", "2", "-o", "t.trace"]) == 0
+    capsys.readouterr()
+    for target in ("/dev/null", str(fifo)):
+        assert main(["plan", "t.trace", "-m", "60%", "--planner", "lru", "-o", target, "--force"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is not a regular file" in err, err
+    assert Path("/dev/null").is_char_device() and fifo.is_fifo()
+
+
+def test_an_output_ending_in_a_separator_is_a_folder_and_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    from dqn_swap.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "--model", "mlp_tiny", "--batch-size", "2", "-o", "t.trace"]) == 0
+    capsys.readouterr()
+    for args in (["plan", "t.trace", "-m", "60%", "--planner", "lru", "-o", "newdir/"],
+                 ["record", "--model", "mlp_tiny", "--batch-size", "2", "-o", "newdir/"],
+                 ["train", "t.trace", "-m", "60%", "--steps", "10", "-o", "newdir/"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "newdir/: ends with a separator, so it names a folder" in err, err
+        assert not Path("newdir").exists()
+
+
+def test_a_name_with_a_line_break_stays_on_the_one_error_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from dqn_swap.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "no\nsuch.trace"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no\\nsuch.trace" in err, err
+
+
+def test_a_closed_standard_output_is_one_line_and_a_failure(tmp_path: Path) -> None:
+    """Started with standard output closed (`>&-`), a command says so instead of a traceback."""
+    from tests.conftest import record_mlp
+
+    record_mlp().save(tmp_path / "m.trace")
+    for args in (["simulate", "m.trace", "-m", "60%", "--planner", "lru", "--json"], ["inspect", "m.trace", "--json"],
+                 ["inspect", "m.trace", "--no-plot"]):
+        p = subprocess.run(["sh", "-c", f'exec "$0" -m dqn_swap {" ".join(args)} >&-', sys.executable],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (args, p.stderr)
+        assert "standard output is closed" in p.stderr

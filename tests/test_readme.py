@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 # The heading above each ```python block, and the test below that runs it.
-PYTHON_BLOCKS = ("### From Python", "### In your own loop: one line", "### With Hugging Face's `Trainer`",
+PYTHON_BLOCKS = ("### Record a trace", "### From Python", "### In your own loop: one line", "### With Hugging Face's `Trainer`",
                  "### A plan you made")
 
 
@@ -52,6 +52,17 @@ def test_every_python_block_is_run_by_a_test() -> None:
     blocks = [m.start() for m in re.finditer(r"```python\n", text)]
     covered = {text.index("```python\n", text.index(h)) for h in PYTHON_BLOCKS}
     assert sorted(covered) == blocks
+
+
+def test_a_model_of_ones_own_records_from_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from dqn_swap.cli import main
+    from dqn_swap.trace import Trace
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodels.py").write_text(python_block("### Record a trace"))
+    line = re.search(r"`(dqn-swap record --model mymodels:small_mlp [^`]*)`", README.read_text()).group(1)
+    assert main(line.split()[1:]) == 0
+    assert Trace.load(tmp_path / "mine.trace").n_ops > 0
 
 
 def test_recording_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

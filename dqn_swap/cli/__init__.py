@@ -77,6 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .. import stop
 
     stop.install()  # SIGTERM stops a command as SIGINT does: one line, exit 143
+    if sys.stdout is None:  # started with standard output closed (`>&-`): every command prints its result there
+        if sys.stderr is not None:
+            print(f"dqn-swap {args.command}: error: standard output is closed; the result would be lost "
+                  "(redirect it to a file or /dev/null instead)", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
@@ -92,7 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     except (UserError, ValueError, OSError, RuntimeError) as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = str(e).strip()
+        for arg in argv:  # a name with a line break in it stays on the one line, escaped
+            if "\n" in arg or "\r" in arg:
+                text = text.replace(arg, arg.encode("unicode_escape").decode("ascii"))
+        message = text.splitlines()[0] if text else type(e).__name__
         print(f"dqn-swap {args.command}: error: {message}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from pathlib import Path
 
 from ..cost import DEFAULT_PROFILE, PROFILES
@@ -45,6 +46,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _import_from_here(module_name: str):
+    """Import the user's module as ``python -m`` would: the current folder is searched first, also by
+    the installed ``dqn-swap`` command (whose script's folder, not the current one, heads ``sys.path``)."""
+    import os
+
+    here = os.getcwd()
+    added = here not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
+
+
 def load_workload(spec: str, batch_size: int, device: str, seed: int):
     """A zoo workload by name, or a user's from ``module:function``."""
     from ..models import build_workload
@@ -55,7 +72,7 @@ def load_workload(spec: str, batch_size: int, device: str, seed: int):
     if module_name in ("hf", "gen"):
         return build_workload(spec, batch_size, device, seed=seed)
     try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
+        fn = getattr(_import_from_here(module_name), fn_name)
     except (ImportError, AttributeError, ValueError) as e:
         raise ValueError(f"cannot load model {spec!r}: {e}") from None
     if not callable(fn):
@@ -76,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
     from ..cost import measure_profile
     from ..recorder import record_trace
 
-    output = Path(args.output or f"{args.model.replace(':', '_')}-b{args.batch_size}.trace")
     from ..plots import check_output
 
-    check_output(output, args.force)
+    output = check_output(args.output or f"{args.model.replace(':', '_')}-b{args.batch_size}.trace", args.force)
     if args.device == "cuda":
         import torch
 

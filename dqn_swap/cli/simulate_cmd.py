@@ -119,6 +119,12 @@ def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, m
             raise ValueError(f"{option} is read by {', '.join(who)} only, and {chosen}")
 
 
+def made_by(plan) -> dict:  # noqa: ANN001
+    """Which of the default planner's candidates made the plan (empty for other planners)."""
+    chosen = plan.settings.get("chosen") if plan.planner == "auto" else None
+    return {"chosen": chosen} if chosen else {}
+
+
 def certified(plan) -> dict:  # noqa: ANN001
     """The optimal planner's certified bound and gap, as figures (empty for other planners)."""
     s = plan.settings
@@ -200,7 +206,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                                               args.search_seconds, args.members)
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
-    figures = {"planner": plan.planner, "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
+    figures = {"planner": plan.planner, **made_by(plan), "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
                **result.figures(), **(certified(plan) if limit == plan.memory_limit else {}),
                "planning_s": planning_s}
     report(figures, args.json)
@@ -222,16 +228,14 @@ def explain_infeasible(trace, plan, infeasible) -> None:  # noqa: ANN001
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..plots import check_output
 
-    out = check_output(Path(args.output), args.force)
+    out = check_output(args.output, args.force)
     trace = load_trace(args.trace)
     plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode,
                                     args.time_limit, args.search_simulations, args.search_seconds, args.members)
     plan.save(out, overwrite=args.force)
-    report({"plan": str(out), "planner": plan.planner, "n_swap": plan.n_swap,
+    report({"plan": str(out), "planner": plan.planner, **made_by(plan), "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)
     feasible = plan.figures.get("feasible", True)
     if not feasible and not args.json:

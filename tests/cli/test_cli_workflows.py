@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -151,6 +152,19 @@ def test_train_writes_an_agent_that_plan_uses(agent, mlp, folder, capsys, monkey
     assert json.loads(out)["overhead"] == pytest.approx(min(fitting), abs=1e-6)
     code, out, err = run(["simulate", str(mlp), "-m", "50%", "--planner", "dqn", "--agent", str(path), "--members"], capsys)
     one_line_error(code, err, "needs an ensemble", str(path))
+
+
+def test_the_default_planner_says_which_candidate_made_the_plan(mlp, folder, capsys):
+    code, out, err = run(["simulate", str(mlp), "-m", "40%", "--json"], capsys)
+    assert code == 0, err
+    figures = json.loads(out)
+    assert figures["planner"] == "auto" and figures["chosen"]
+    code, out, err = run(["plan", str(mlp), "-m", "40%", "--search-seconds", "0.5", "-o", str(folder / "auto.json"),
+                          "--force"], capsys)
+    assert code == 0, err
+    plan = json.loads((folder / "auto.json").read_text())
+    assert plan["planner"] == "auto" and plan["settings"]["seconds"] == 0.5
+    assert "chosen" in out and plan["settings"]["chosen"] in out
 
 
 def test_train_refuses_to_overwrite(agent, mlp, capsys):
@@ -545,3 +559,37 @@ def test_compare_says_why_sqrt_n_does_not_apply_to_a_recurrence():
     table = markdown_table(rows)
     assert f"not applicable: fails at #{cell['fails_at_op']}" in table
     assert f"`sqrt-n` is {cell['not_applicable']}." in table
+
+
+MY_MODELS = '''
+import torch
+from dqn_swap.models import Workload
+
+
+def small_mlp(batch_size, device):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(device)
+    x = torch.randn(batch_size, 32, device=device)
+    y = torch.randint(0, 4, (batch_size,), device=device)
+    return Workload("small_mlp", model, (x,), lambda out: torch.nn.functional.cross_entropy(out, y),
+                    lambda params: torch.optim.SGD(params, lr=0.1))
+'''
+
+
+def test_the_installed_command_records_a_model_of_the_current_folder(tmp_path):
+    """`dqn-swap record --model mymodels:small_mlp` finds mymodels.py in the current folder, as
+    `python -m dqn_swap` does (the installed script's own folder heads its sys.path, not the current one)."""
+    import shutil
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "dqn-swap"
+    if not script.exists():
+        script = shutil.which("dqn-swap")
+    if script is None:
+        pytest.skip("the dqn-swap command is not installed")
+    (tmp_path / "mymodels.py").write_text(MY_MODELS)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([str(script), "record", "--model", "mymodels:small_mlp", "--batch-size", "8", "-o", "m.trace"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    assert Trace.load(tmp_path / "m.trace").n_ops > 0
