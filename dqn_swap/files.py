@@ -20,9 +20,11 @@ error raised: the final name holds the old file or nothing, never a partial one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -63,7 +65,7 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
         if overwrite:
             os.replace(tmp, path)
         else:
-            _link_new(tmp, path)
+            link_new(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         if e.errno is None or str(path) in str(e):
@@ -87,8 +89,9 @@ def _short(name: str) -> str:
     return name.encode("utf-8", "surrogateescape")[:TEMP_NAME_BYTES].decode("utf-8", "ignore")
 
 
-def _link_new(tmp: Path, path: Path) -> None:
-    """Give ``tmp`` the name ``path`` only if no file has it, atomically; then drop ``tmp``."""
+def link_new(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the name ``path`` only if no file has it, atomically; then drop ``tmp``
+    (``FileExistsError`` if a file or link has it)."""
     try:
         os.link(tmp, path, follow_symlinks=False)
     except FileExistsError:
@@ -102,6 +105,48 @@ def _link_new(tmp: Path, path: Path) -> None:
         os.replace(tmp, path)
         return
     tmp.unlink()
+
+
+class OutputBusy(FileExistsError):
+    """Another process holds :func:`output_lock` on the same output."""
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on the output ``path`` for a whole run (``.NAME.lock`` beside it, removed
+    at the end): a second run writing the same output, a ``--resume`` of a run still going included,
+    is refused at once with :class:`OutputBusy` instead of both writing it.
+
+    The lock is :func:`fcntl.flock` on the lock file, released by the kernel when its holder dies
+    (kill -9 included), so a lock file a killed run left behind locks nothing and is taken over.
+    """
+    import fcntl
+
+    path = Path(path)
+    lock = path.parent / f".{_short(path.name)}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputBusy(f"{path}: another run is writing it now; wait for it to end, or write "
+                             "another file") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the lock file was removed by its last holder after we opened it: take the new one
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
+        os.close(fd)
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, overwrite: bool = False) -> Path:

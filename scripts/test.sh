@@ -8,4 +8,5 @@ bash scripts/install.sh --test
 PY=.venv/bin/python
 [[ -n "${VIRTUAL_ENV:-}" ]] && PY=python
 if [[ $# -eq 0 ]]; then set -- -m "not slow"; fi
-exec "$PY" -m pytest -q "$@"
+# the slowest tests are listed after the summary, so that a suite growing slower shows where
+exec "$PY" -m pytest -q --durations=15 "$@"

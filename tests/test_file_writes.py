@@ -240,3 +240,30 @@ def test_a_closed_standard_output_is_one_line_and_a_failure(tmp_path: Path) -> N
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and p.stderr.count("\n") == 1, (args, p.stderr)
         assert "standard output is closed" in p.stderr
+
+
+def test_of_two_compare_runs_into_one_folder_the_second_to_finish_is_refused(tmp_path: Path, capsys,
+                                                                              monkeypatch) -> None:
+    """Another run writes the comparison while this one plans: this one refuses, and what the other
+    wrote is kept whole (its table, its CSV and its plots)."""
+    from dqn_swap.cli import compare_cmd, main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "--model", "mlp_tiny", "--batch-size", "2", "-o", "t.trace"]) == 0
+    args = ["compare", "t.trace", "--memory-limits", "60%", "--planners", "lru,greedy", "-o", "cmp"]
+    real = compare_cmd.plot_comparison
+
+    def meanwhile(*a, **k):  # the other run finishes while this one draws its plots, after every check
+        plots = real(*a, **k)
+        monkeypatch.setattr(compare_cmd, "plot_comparison", real)
+        assert main(args) == 0
+        return plots
+
+    monkeypatch.setattr(compare_cmd, "plot_comparison", meanwhile)
+    capsys.readouterr()
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and "compare.md: already exists (another run wrote it meanwhile" in err, err
+    theirs = {p.name: p.read_bytes() for p in (tmp_path / "cmp").iterdir()}
+    assert {"compare.md", "compare.csv", "overhead.png"} <= set(theirs) and not any(
+        n.startswith(".compare.") for n in theirs)

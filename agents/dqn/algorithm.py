@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dqn_swap.cost import DeviceProfile
-from dqn_swap.files import is_plain_name
+from dqn_swap.files import OutputBusy, is_plain_name, output_lock
 from dqn_swap.trace import Trace
 from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
@@ -239,10 +239,14 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
     writers: list[Any] = []  # the TensorBoard writer: closed before a stopped run's logs are removed,
     # or its thread would write into a folder that is being removed
     try:
-        with torch_threads(threads):
+        with output_lock(out_path), torch_threads(threads):
+            if out_path.exists() and not overwrite and not resume:  # another run wrote it before we locked it
+                raise FileExistsError(f"{out_path}: already exists (pass overwrite=True / --force to replace it)")
             return _train(traces, memory_limits, out_path, config, profile=profile, log_dir=log_dir,
                           run_name=run_name, progress=progress, resume=resume, overwrite=overwrite,
                           init_from=init_from, command=command, writers=writers, reference=reference)
+    except OutputBusy:  # another run holds the output: nothing of this one was made
+        raise
     except KeyboardInterrupt as e:
         _close(writers)
         raise _stopped_training(e, out_path, started, new_folders, command) from None
@@ -278,10 +282,19 @@ def _resumable(out_path: Path, started: float) -> bool:
 
 
 def _remove(folders: list[Path]) -> None:
+    """The run's own folder (its last) removed with what is in it; the log folder it made (its first)
+    only if nothing else is in it by then: another run may have started its own logs there."""
     import shutil
 
-    for folder in reversed(folders):  # the run's own folder first, then the log folder if the run made it
-        shutil.rmtree(folder, ignore_errors=True)
+    if not folders:
+        return
+    *made, own = folders
+    shutil.rmtree(own, ignore_errors=True)
+    for folder in reversed(made):
+        try:
+            folder.rmdir()  # empty folders only
+        except OSError:
+            pass
 
 
 def _stopped_training(e: KeyboardInterrupt, out_path: Path, started: float, new_folders: list[Path],

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import write_text
+from ..files import link_new, write_text
 from .common import AGENT_HELP, SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, load_trace, print_json, seconds, simulations
 from .simulate_cmd import LIMIT_HELP
 
@@ -281,10 +281,13 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
 
 
 def _write_outputs(folder: Path, made_folder: bool, md_path: Path, csv_path: Path, table: str, csv_text: str,
-                   rows: list[dict[str, Any]]) -> list[Path]:
+                   rows: list[dict[str, Any]], force: bool = False) -> list[Path]:
     """Write the table, the CSV and the plots as one: all into a staging folder beside them, then
     each renamed into place (a rename needs no room on the disk), so that a full disk or a signal
-    leaves the folder as it was, and a folder this run made is removed again."""
+    leaves the folder as it was, and a folder this run made is removed again.  Without ``force`` each
+    name is taken only if no file has it (a hard link, exclusive): of two runs into one folder, the
+    first to finish writes its comparison and the other is refused, its table first, before anything
+    of it is put in place."""
     import shutil
     import tempfile
 
@@ -299,7 +302,14 @@ def _write_outputs(folder: Path, made_folder: bool, md_path: Path, csv_path: Pat
             staged = plot_comparison(rows, stage, True)
             plots = [folder / p.name for p in staged]
             for name in (md_path.name, csv_path.name, *(p.name for p in staged)):
-                os.replace(stage / name, folder / name)
+                if force:
+                    os.replace(stage / name, folder / name)
+                else:
+                    try:
+                        link_new(stage / name, folder / name)
+                    except FileExistsError:
+                        raise FileExistsError(f"{folder / name}: already exists (another run wrote it meanwhile; "
+                                              "pass --force to replace it)") from None
             done = True
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -351,7 +361,8 @@ def run(args: argparse.Namespace) -> int:
     w = csv.DictWriter(csv_text, fieldnames=COLUMNS, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
-    plots = _write_outputs(folder, made_folder, md_path, csv_path, table.lstrip() + "\n", csv_text.getvalue(), rows)
+    plots = _write_outputs(folder, made_folder, md_path, csv_path, table.lstrip() + "\n", csv_text.getvalue(), rows,
+                           force=args.force)
     if args.json:
         print_json(rows)
     else:

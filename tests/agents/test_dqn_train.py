@@ -200,3 +200,49 @@ def test_evaluations_scale_with_the_steps() -> None:
     from dqn_swap.agents.dqn.algorithm import eval_cadence
 
     assert eval_cadence(20_000) == 1_000 and eval_cadence(1_000) == 50 and eval_cadence(10) == 50
+
+
+def test_a_stopped_run_removes_only_its_own_logs(tmp_path) -> None:
+    """Two runs started their logs in one new folder; the one stopped before its first evaluation removes
+    its own run folder, and the log folder only if nothing else is in it."""
+    from dqn_swap.agents.dqn.algorithm import _remove
+
+    logs = tmp_path / "runs"
+    (logs / "mine").mkdir(parents=True)
+    (logs / "theirs").mkdir()
+    (logs / "theirs" / "events.out").write_text("x")
+    (logs / "mine" / "events.out").write_text("y")
+    _remove([logs, logs / "mine"])
+    assert not (logs / "mine").exists() and (logs / "theirs" / "events.out").read_text() == "x"
+    _remove([logs, logs / "theirs"])  # the last one out takes the folder it made
+    assert not logs.exists()
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tiny_resnet_trace, tmp_path) -> None:
+    """A resume (or a second run) started while a run writes the same agent file is refused at once, and
+    leaves the running one's files alone; a lock a killed run left behind locks nothing."""
+    import subprocess
+    import sys
+
+    from dqn_swap.files import OutputBusy, output_lock
+
+    out = tmp_path / "a.pt"
+    cfg = TINY.replace(total_timesteps=20, learning_starts=10, eval_every=10)
+    with output_lock(out):  # the first run, still going
+        with pytest.raises(OutputBusy, match="a.pt: another run is writing it now"):
+            train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False, resume=True)
+        with pytest.raises(OutputBusy):
+            train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False, overwrite=True)
+    assert not out.exists() and not any(tmp_path.iterdir())  # and the lock is gone with its run
+    # kill -9 while holding the lock: the kernel releases it, and the next run takes it over
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dqn_swap.files import output_lock\n"
+                               f"with output_lock({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(OutputBusy):
+        with output_lock(out):
+            pass
+    holder.kill()
+    holder.wait()
+    train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False)
+    assert out.exists() and not (tmp_path / ".a.pt.lock").exists()
