@@ -535,10 +535,15 @@ class AutoPlan:
         finally:
             STEP_OWNER.exit()
 
+    def __deepcopy__(self, memo: dict) -> "AutoPlan":
+        """A deep copy of the model (or of its optimizer) shares this planner, whose hooks it carries: the
+        planner plans its own model only, so the copy (an EMA or evaluation model, say) runs unplanned."""
+        return self
+
     def _root_call(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         state = self._state
-        if state is None:
-            return None  # a call outside planned.step() (evaluation): untouched
+        if state is None or module is not self.model:
+            return None  # a call outside planned.step() (evaluation), or of a copy of the model: untouched
         if state.kind is not None:
             self._abandon(state)
             raise AutoPlanError("the model was called twice in one planned.step(): one step holds one forward "
@@ -728,13 +733,15 @@ class AutoPlan:
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         rec = self._pending
-        if rec is None or rec.deferred:
+        if rec is None or rec.deferred or optimizer is not self.optimizer:
             return
         rec.recorder.phase = Phase.OPTIMIZER
         rec.opt = contextlib.ExitStack()
         rec.opt.enter_context(rec.recorder)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer is not self.optimizer:  # a deep copy of the optimizer carries the hook: not ours
+            return
         if self._warm_pending:
             self._warm, self._warm_pending = True, False
         rec = self._pending

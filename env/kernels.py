@@ -12,8 +12,12 @@ Compiled on first use with ``cache=True`` (a second process loads the machine co
 
 from __future__ import annotations
 
-import numba
-import numpy as np
+from dqn_swap.simulator.numba_cache import ensure_cache_dir
+
+ensure_cache_dir(__file__)  # before Numba reads its settings: a read-only install still caches its kernels
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 @numba.njit(cache=True, nogil=True)

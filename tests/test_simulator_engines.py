@@ -164,3 +164,28 @@ def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         Simulator(trace, 4, profile())
     with pytest.raises(ValueError, match="engine must be one of compiled, python, not 'c'"):
         Simulator(trace, 4, profile(), engine="c")
+
+
+def test_a_read_only_install_still_finds_a_cache_for_the_kernels(monkeypatch, tmp_path) -> None:
+    """Where neither the kernels' folder nor the user's cache folder can be written, Numba is pointed at
+    a folder under the temporary directory instead of failing with "no locator available"."""
+    import os
+
+    import numba.core.config
+
+    from dqn_swap.simulator import numba_cache
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(numba.core.config, "CACHE_DIR", numba.core.config.CACHE_DIR)  # restored after the test
+    monkeypatch.setattr(numba_cache.tempfile, "gettempdir", lambda: str(tmp_path))
+    writable = numba_cache._writable
+    (tmp_path / "file").write_text("x")
+    assert writable(tmp_path / "new" / "deeper") and not writable(tmp_path / "file" / "x")  # under a file: never
+    monkeypatch.setattr(numba_cache, "_writable", lambda folder: False)
+    folder = numba_cache.ensure_cache_dir(numba_cache.__file__)
+    assert folder is not None and folder.startswith(str(tmp_path)) and os.environ["NUMBA_CACHE_DIR"] == folder
+    assert numba.core.config.CACHE_DIR == folder  # Numba already imported: told too
+    assert numba_cache.ensure_cache_dir(numba_cache.__file__) is None  # a folder already set is kept
+    monkeypatch.setattr(numba_cache, "_writable", lambda folder: True)
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert numba_cache.ensure_cache_dir(numba_cache.__file__) is None  # a writable install: nothing set

@@ -23,8 +23,12 @@ float64, bool arrays; Python ints, floats and bools), so each compiles to one si
 
 from __future__ import annotations
 
-import numba
-import numpy as np
+from .numba_cache import ensure_cache_dir
+
+ensure_cache_dir(__file__)  # before Numba reads its settings: a read-only install still caches its kernels
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
 
 INF = np.inf
 

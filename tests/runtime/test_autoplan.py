@@ -436,3 +436,35 @@ def test_whisper_with_its_defaults_records_in_the_loop() -> None:
     b, ob, planned = loop({"memory_limit": "40%", "planner": "lru"})
     assert_same_state(a, oa, b, ob)
     assert planned.last == "planned" and planned.last_entry.plan.actions
+
+
+def test_a_deep_copy_of_a_planned_model_runs_unplanned_and_the_original_stays_planned() -> None:
+    """An EMA or evaluation copy (copy.deepcopy) of a model autoplan is attached to: the copy shares the
+    planner, which plans its own model only; the copy trains unplanned and the original stays exact."""
+    data = batches(6)
+
+    def loop(planned_on: bool):
+        torch.manual_seed(1)
+        model = fresh()
+        opt = optimizer_of(model)
+        planned = autoplan(model, "40%", optimizer=opt, planner="lru", verbose=False) if planned_on else None
+        copies, losses = None, []
+        for i, batch in enumerate(data):
+            with planned.step() if planned is not None else _null():
+                out = model(**batch)
+                out["loss"].backward()
+            losses.append(out["loss"].item())
+            opt.step()
+            opt.zero_grad()
+            if i == 3:  # after the plan is made: the runtime's threads and locks are attached by then
+                copies = copy.deepcopy(model), copy.deepcopy(opt)
+        return model, opt, planned, copies, losses
+
+    a, oa, _, _, la = loop(False)
+    b, ob, planned, (ema, ema_opt), lb = loop(True)
+    assert planned.last == "planned" and la == lb
+    assert_same_state(a, oa, b, ob)
+    steps = planned.steps
+    ema(**data[0])["loss"].backward()  # a copy's calls and its optimizer's steps are none of the planner's
+    ema_opt.step()
+    assert planned.steps == steps and planned.last == "planned"
