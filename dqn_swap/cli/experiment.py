@@ -348,7 +348,7 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
                                       seed=seed, warmup=warmup, expandable_segments=expandable_segments,
                                       cpu_baseline=trace.initial_bytes)
     report["methods"] = results
-    report["comparison"] = compare(results, predicted, limit, trace)
+    report["comparison"] = compare(results, predicted, limit, trace, timed=dev.type == "cuda")
     if max_batch_methods:
         if budget is None:
             budget = report["memory_limit"]
@@ -362,8 +362,14 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
     return report
 
 
-def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: int, trace: Trace) -> dict[str, Any]:
-    """Throughput ratios, whether the planned peak stayed under the limit, simulator error.
+def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: int, trace: Trace,
+            timed: bool = True) -> dict[str, Any]:
+    """Whether planned training's losses are unplanned training's bit for bit, whether its peak stayed
+    under the limit, and with ``timed`` (a GPU) the throughput ratios and the simulator's step-time error.
+
+    Without ``timed`` (the CPU) no time is compared: the simulator's times are a GPU's (the trace's
+    profile) and a CPU's copies are moves within host memory, so a ratio of CPU step times says nothing
+    of the plan's cost on a GPU.
 
     ``limit``: the plan's own bytes (:meth:`MemoryLimit.resolve`); the allocator's peak also counts
     what the device held outside the recorded iteration, so both the limit and the prediction it is
@@ -374,7 +380,10 @@ def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: in
     if planned.get("status") != "ok":
         return out
     t_plan = planned["step_time_s"]
-    for other in ("unplanned", "torch-checkpoint", "save_on_cpu"):
+    base = results.get("unplanned", {})
+    if base.get("status") == "ok" and base.get("losses") and planned.get("losses"):
+        out["planned_losses_identical_to_unplanned"] = planned["losses"] == base["losses"]
+    for other in ("unplanned", "torch-checkpoint", "save_on_cpu") if timed else ():
         r = results.get(other, {})
         if r.get("status") == "ok":
             out[f"throughput_vs_{other}"] = r["step_time_s"] / t_plan
@@ -389,8 +398,7 @@ def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: in
                 else "instant_copy_peak_bytes"
             out["predicted_peak_bytes"] = int(predicted[key]) + outside
             out["planned_peak_over_predicted"] = measured_peak / max(int(predicted[key]) + outside, 1)
-    base = results.get("unplanned", {})
-    reference = base["step_time_s"] if base.get("status") == "ok" else None
+    reference = base["step_time_s"] if base.get("status") == "ok" and timed else None
     if reference:
         out["measured_overhead"] = t_plan / reference - 1.0
     if predicted and predicted.get("feasible") and predicted.get("makespan") and reference:
@@ -494,6 +502,9 @@ def report_table(report: dict[str, Any]) -> str:
     if not str(report["device"]).startswith("cuda"):
         lines.append(f"memory on {report['device']}: the allocator's timeline of one more, untimed step "
                      "(save_on_cpu not measured: its host memory is the same memory)")
+        lines.append(f"times on {report['device']}: host compute, with copies that are moves within host memory; "
+                     "they say nothing of a GPU's, so no step time is compared (the simulator's are the profile's "
+                     "GPU's)")
     sim = report.get("simulator")
     if sim:
         overhead = f"{100 * sim['overhead']:.1f}%" if isinstance(sim.get("overhead"), float) else "-"
