@@ -3,8 +3,8 @@
 Every entry point plans with it unless told otherwise (the command line, ``autoplan``, the
 Hugging Face ``Trainer`` callback and ``run``).  Within one budget of seconds
 (:func:`default_seconds`: 4 s on a ResNet-50-sized trace, growing with the trace's events to at
-most 25 s) it makes three kinds of candidate and returns the fastest that fits, stopping early when a plan reaches the simulator's lower bound
-(no plan is faster):
+most 25 s) it makes three kinds of candidate and returns the fastest that fits, stopping early
+when a plan reaches the simulator's lower bound (no plan is faster):
 
 1. **the quick baselines** (:func:`quick_baselines`): every baseline of the papers and every switch
    users turn on (per-block checkpointing, activation offloading, torch.compile's knapsack) whose
@@ -12,7 +12,7 @@ most 25 s) it makes three kinds of candidate and returns the fastest that fits, 
    minutes on recurrent graphs, and ``tflms`` on traces of more than :data:`TFLMS_EVENTS` events;
 2. **``dqn-search``**: the shipped agent's greedy decoding with a one-step lookahead in the
    simulator, both plans polished by local search (:class:`~dqn_swap.agents.dqn.planner.DQNSearchPlanner`),
-   with :data:`SEARCH_SHARE` of the time left;
+   with :data:`SEARCH_SHARE` of the time left, and from the agent file given (``--agent``) if any;
 3. **the quick baselines' plans polished** by the same local search (:func:`~dqn_swap.agents.local_search.polish`)
    with the rest of the time: the best one first, then, while time is left, the others in order of
    makespan (their local optima differ; on small graphs the searches end well within the budget).
