@@ -124,7 +124,7 @@ def test_an_output_folder_removed_midway_is_made_again_and_the_run_ends_whole(tr
 
     out = tmp_path / "out"
     out.mkdir()
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, "train", str(trace), "-m", "50%", "--steps", "3000",
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, "train", str(trace), "-m", "50%", "--steps", "1000",
                           "--set", "eval_every=200", "--set", "learning_starts=100", "-o", "out/a.pt"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

@@ -78,7 +78,7 @@ def test_bound_is_valid_on_a_network(tiny_resnet_trace: Trace) -> None:
     sim = Simulator(trace, 0, PROFILE)
     for f in (0.3, 0.6):
         limit = between(trace, f)
-        plan = OptimalPlanner(**(QUICK | {"time_limit": 15.0})).plan(trace, limit, PROFILE)
+        plan = OptimalPlanner(**(QUICK | {"time_limit": 5.0})).plan(trace, limit, PROFILE)  # a bound at any time
         bound = plan.settings["certified_bound"]
         assert bound >= Simulator(trace, limit, PROFILE).lower_bound * (1 - 1e-12)
         assert plan.figures["feasible"]
@@ -133,7 +133,9 @@ def test_impossible_limit_is_proved() -> None:
 
 
 def test_progress_line_shows_incumbent_and_bound(tiny_resnet_trace: Trace, capfd: pytest.CaptureFixture[str]) -> None:
-    plan = OptimalPlanner(progress=True, incumbents=(), time_limit=10.0).plan(tiny_resnet_trace, between(tiny_resnet_trace, 0.3), PROFILE)
+    # progress shows after 2 quiet seconds (dqn_swap.progress.QUIET_SECONDS): a 3.5 s solve shows it
+    plan = OptimalPlanner(progress=True, incumbents=(), time_limit=3.5).plan(tiny_resnet_trace,
+                                                                             between(tiny_resnet_trace, 0.3), PROFILE)
     out, err = capfd.readouterr()
     assert "incumbent" in err and "bound" in err
     assert out == ""  # nothing of the solver reaches standard output
@@ -244,7 +246,7 @@ def test_rounds_that_disagree_add_checkpoints_or_stop(tiny_resnet_trace: Trace) 
     every round that disagrees adds a checkpoint or a re-run point, or the rounds stop saying why
     (they used to cut off one plan a round and add nothing, 30 times)."""
     trace = tiny_resnet_trace
-    plan = OptimalPlanner(incumbents=(), time_limit=20.0, gap=0.0, rounds=8, cut_only_rounds=3).plan(
+    plan = OptimalPlanner(incumbents=(), time_limit=10.0, gap=0.0, rounds=8, cut_only_rounds=3).plan(
         trace, between(trace, 0.3), PROFILE)
     s = plan.settings
     disagreeing = [r for r in s["rounds"] if "added_checkpoints" in r]
