@@ -8,7 +8,8 @@ goes through :func:`write_atomically`:
    :func:`tempfile.mkstemp`) in the target's folder under an unpredictable name, so a symbolic link
    planted at a guessable temporary name is never opened, let alone followed;
 2. the temporary file is flushed and given the permissions a plain ``open(path, "w")`` would give;
-   (the final name's first 200 bytes in it, so that a legal 255-byte name still gets one);
+   (the final name's first 200 bytes in it, so that a legal 255-byte name still gets one, and the
+   writer's process id, so that the next write to the name removes what a killed writer left);
 3. it then takes the final name in one step: with ``overwrite`` by :func:`os.replace` (which replaces
    a link at the final name by the file, and never writes into the link's target), without it by
    :func:`os.link`, which fails if the name exists, so of two writers racing for one new output
@@ -50,8 +51,10 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"{path}: directory {folder} does not exist")
+    short = _short(path.name)
+    _clean_stale(folder, short)
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=folder)
+        fd, name = tempfile.mkstemp(prefix=f".{short}.{os.getpid()}.", suffix=".tmp", dir=folder)
     except OSError as e:  # the folder refuses new files (/proc, a read-only mount): one line naming ``path``
         error = type(e)(f"{path}: cannot be written ({e.strerror or e})")
         error.errno = e.errno
@@ -82,6 +85,36 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
 #: Bytes of the final name kept in the temporary name: with the dots, the random part and ``.tmp``, the
 #: temporary name stays within the 255 bytes file systems allow a name, whatever the final name's length.
 TEMP_NAME_BYTES = 200
+
+
+def _clean_stale(folder: Path, short: str) -> None:
+    """Remove the temporary files an earlier write to this name left when its process was killed
+    (``.NAME.PID.XXXXXXXX.tmp`` whose process no longer runs); a running writer's are kept, and
+    nothing is followed (a link is removed as a name)."""
+    head = f".{short}."
+    try:
+        entries = [e.name for e in os.scandir(folder) if e.name.startswith(head) and e.name.endswith(".tmp")]
+    except OSError:
+        return
+    for name in entries:
+        pid = name[len(head):-len(".tmp")].split(".")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(folder / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (on this machine; one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def _short(name: str) -> str:

@@ -56,7 +56,10 @@ def test_temporary_names_are_unpredictable_and_created_exclusively(tmp_path: Pat
     write_atomically(tmp_path / "a", b"1")
     write_atomically(tmp_path / "a", b"2", overwrite=True)
     assert len(seen) == 2 and seen[0] != seen[1]
-    assert all(str(os.getpid()) not in Path(n).name for n in seen)
+    # the writer's pid (for the next write to clean what a killed writer left), then a random part
+    import re
+
+    assert all(re.fullmatch(rf"\.a\.{os.getpid()}\.[A-Za-z0-9_]{{8}}\.tmp", Path(n).name) for n in seen), seen
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
@@ -267,3 +270,19 @@ def test_of_two_compare_runs_into_one_folder_the_second_to_finish_is_refused(tmp
     theirs = {p.name: p.read_bytes() for p in (tmp_path / "cmp").iterdir()}
     assert {"compare.md", "compare.csv", "overhead.png"} <= set(theirs) and not any(
         n.startswith(".compare.") for n in theirs)
+
+
+def test_temporary_files_a_killed_writer_left_are_removed_at_the_next_write(tmp_path: Path) -> None:
+    """A writer killed between creating its temporary file and renaming it leaves ``.NAME.PID.*.tmp``;
+    the next write to that name removes it, but never a running writer's."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead = int(gone.stdout)  # a process that has ended
+    stale = tmp_path / f".plan.json.{dead}.abcd1234.tmp"
+    running = tmp_path / f".plan.json.{os.getpid()}.efgh5678.tmp"
+    other = tmp_path / f".other.json.{dead}.abcd1234.tmp"
+    for p in (stale, running, other):
+        p.write_text("half")
+    write_text(tmp_path / "plan.json", "{}")
+    assert not stale.exists() and running.exists() and other.exists()
+    assert (tmp_path / "plan.json").read_text() == "{}"
