@@ -2,13 +2,14 @@
 
 ``env/`` and ``agents/`` are folders of this repository; installed, they are ``dqn_swap.env`` and
 ``dqn_swap.agents``, so that they neither clash with other distributions' top-level ``agents``
-(openai-agents) nor are shadowed by a user's ``env.py``.  The fresh-venv check (``import env``
-and ``import agents`` fail, ``dqn-swap plan --planner dqn`` works from another folder) is in the
-closing note of the issue that made this so; this test checks the built wheel itself.
+(openai-agents) nor are shadowed by a user's ``env.py``.  These tests build the wheel from a copy of
+the sources, check every module of the tree is in it, and run the quickstart's steps and planned
+training with the wheel installed alone, from a folder outside the repository.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,20 +17,59 @@ import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_wheel_has_one_top_level_package_and_the_agents(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Built from a copy of the sources alone: an editable install's dqn_swap.egg-info/SOURCES.txt
     # (and a build/ folder) in the checkout would add every file they list, and hide a package
     # missing from pyproject's list, as they once did.
+    tmp_path = tmp_path_factory.mktemp("wheel")
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "runs",
                                                              "__pycache__", ".whl", "results"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--disable-pip-version-check", "-w", str(tmp_path), str(src)], check=True,
                    capture_output=True)
-    wheel = next(tmp_path.glob("dqn_swap-*.whl"))
+    return next(tmp_path.glob("dqn_swap-*.whl"))
+
+
+SMOKE = """
+set -e
+dqn-swap record --model resnet_tiny --batch-size 4 -o r.trace
+dqn-swap plan r.trace -m 50% -o auto.json --search-seconds 1
+dqn-swap plan r.trace -m 50% --planner dqn -o dqn.json
+dqn-swap simulate r.trace --plan auto.json --json > sim.json
+dqn-swap compare r.trace --memory-limits 50% --planners greedy,lru,dqn -o cmp
+dqn-swap run --model mlp_tiny --batch-size 4 --device cpu -m 50% --planner lru --steps 1
+"""
+
+
+def test_the_installed_wheel_records_plans_and_trains_from_another_folder(wheel: Path, tmp_path: Path) -> None:
+    """The wheel installed alone (``pip install --target``, before the source tree on the path): the
+    quickstart's steps and planned training run from a folder outside the repository, on its files only."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1",
+           "PATH": f"{site / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    where = subprocess.run([sys.executable, "-c", "import dqn_swap.agents.auto as a, dqn_swap.simulator as s; "
+                            "print(a.__file__); print(s.__file__)"], cwd=work, env=env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert all(w.startswith(str(site)) for w in where), where  # the installed files, not the source tree's
+    p = subprocess.run(["bash", "-c", SMOKE], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    assert json.loads((work / "sim.json").read_text())["feasible"] and (work / "cmp" / "compare.md").exists()
+
+
+def test_the_wheel_has_one_top_level_package_and_the_agents(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.startswith("dqn_swap-")}
     assert top == {"dqn_swap"}, top
