@@ -127,6 +127,8 @@ CATALOG: tuple[Entry, ...] = (
     Entry("dqn_transfer_finetune20_se_cnn_s[0-9]", "Fine-tuning an agent of a small squeeze-excitation CNN "
           "(gen:se_cnn:2) on a larger one (gen:se_cnn:1) against training from scratch there, 20 % of the steps",
           "transfer"),
+    Entry("dqn_transfer_finetune20_se_cnn_lr1_s[0-9]", "The same from gen:se_cnn:2 with the full learning rate",
+          "transfer"),
     Entry("dqn_transfer_finetune20_demonstrations", "The same with demonstrations for both runs", "transfer"),
     Entry("dqn_transfer_finetune20_search", "The shipped, scratch and fine-tuned agents planning through "
           "dqn-search (needs the seed-0 transfer run's agents in runs/transfer/)", "transfer-search"),
