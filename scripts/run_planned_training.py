@@ -9,16 +9,18 @@ method.  Writes a JSON report (``--out``) and prints a table.
 
 This script is that subcommand (``dqn-swap run --help`` explains every
 option) with the script's own spelling and defaults: the model as the first
-argument, ``--limit`` (default ``0.5x``), ``--out`` (replaced if it exists); the planner is
-``dqn-swap run``'s default, ``auto``, unless ``--planner`` names another.  Limits: ``50%`` is halfway from the
-trace's minimum memory to its unplanned peak, as everywhere in dqn-swap;
-``0.5x`` is half the unplanned peak; or bytes (``8GiB``); a bare ``0.5`` is refused, as everywhere.
+argument, ``--limit`` (default ``50%``, so that every model has a plan), ``--out``
+(replaced if it exists); the planner is ``dqn-swap run``'s default, ``auto``, unless
+``--planner`` names another.  Limits: ``50%`` is halfway from the trace's minimum memory
+to its unplanned peak, as everywhere in dqn-swap; ``0.5x`` is half the unplanned peak
+(below the minimum of some models); or bytes (``8GiB``); a bare ``0.5`` is refused, as
+everywhere.
 
 Examples::
 
     python scripts/run_planned_training.py resnet50 --batch-size 64 --limit 50% --planner greedy
     python scripts/run_planned_training.py gpt --batch-size 8 --limit 0.7x --max-batch planned,torch-checkpoint
-    python scripts/run_planned_training.py mlp_tiny --device cpu --planner swap-all --steps 2
+    python scripts/run_planned_training.py mlp_tiny --device cpu --limit 50% --planner swap-all --steps 2
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def translate(argv: list[str]) -> list[str]:
             out.append(arg)
             i += 1
     if "--memory-limit" not in out and "-m" not in out:
-        out += ["--memory-limit", "0.5x"]
+        out += ["--memory-limit", "50%"]
     return out
 
 

@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planners", default="all",
                    help=f"comma-separated planners ({', '.join(registered())}) or 'all' (every one but the "
                         "simple rules)")
-    p.add_argument("--agent", help=f"for the dqn planners: {AGENT_HELP}")
+    p.add_argument("--agent", help=f"for auto and the dqn planners: {AGENT_HELP}")
     p.add_argument("--time-limit", type=seconds, default=None, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")

@@ -42,9 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "prediction for the plan. Optionally find the largest batch that trains under a "
                     "budget. On the CPU the peak is measured from the allocator's timeline and compared with "
                     "the limit and the plan's prediction.",
-        epilog="Examples: dqn-swap run --model resnet50 --batch-size 256 --memory-limit 50% --planner dqn "
-               "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.5x --planner greedy "
-               "--max-batch planned,torch-checkpoint (0.5x: half the unplanned peak); a saved plan: "
+        epilog="Examples: dqn-swap run --model resnet50 --batch-size 256 --memory-limit 50% "
+               "-o report.json; dqn-swap run --model gpt --batch-size 8 -m 0.7x --planner greedy "
+               "--max-batch planned,torch-checkpoint (0.7x: 70 % of the unplanned peak); a saved plan: "
                "dqn-swap record --model mlp_tiny --batch-size 4 --device cpu -o m.trace, "
                "dqn-swap plan m.trace -m 50% -o plan.json, then "
                "dqn-swap run --model mlp_tiny --batch-size 4 --device cpu --plan plan.json")
@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", metavar="FILE",
                    help="with --plan: the trace the plan was made for, used instead of recording one "
                         "(its model and batch size, where it records them, must be --model and --batch-size)")
-    p.add_argument("--agent", help=f"for --planner dqn / dqn-search: {AGENT_HELP}")
+    p.add_argument("--agent", help=f"for --planner auto (the default) / dqn / dqn-search: {AGENT_HELP}")
     p.add_argument("--steps", type=whole(1, MAX_STEPS, "steps"), default=10, help="measured training steps per method, after one "
                                                          "warm-up step (default 10)")
     p.add_argument("--device", choices=["cuda", "cpu"],
