@@ -209,6 +209,8 @@ class Plan:
         special = not_a_regular_file(path)
         if special:
             raise PlanError(special)
+        if path.is_dir():
+            raise PlanError(f"{path}: is a directory, not a plan file")
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:

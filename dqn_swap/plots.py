@@ -42,6 +42,8 @@ def check_output(path: str | os.PathLike[str], force: bool = False, png: bool = 
     ending in a path separator names a folder and is refused; what is not a regular file or a link (a
     device, a FIFO, a socket) is never replaced, ``force`` or not."""
     text = os.fspath(path)
+    if not text.strip():
+        raise ValueError("the output's name is empty; give the file to write")
     if text.endswith(("/", os.sep)) or (os.altsep and text.endswith(os.altsep)):
         raise IsADirectoryError(f"{text}: ends with a separator, so it names a folder; give the file's name")
     path = Path(path)

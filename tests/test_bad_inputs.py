@@ -107,6 +107,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         change(a)
         torch.save(a, d / name)
     (d / "text.pt").write_text("nope")
+    os.mkfifo(d / "fifo.trace")
+    (d / "dir.trace").mkdir()
     del agent
     return d
 
@@ -251,6 +253,35 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["finetune", TRACE, "--from", AGENT, "--steps", "0", "-o", "b.pt"], "--steps: must be a whole number"),
     (["record", "--model", "mlp_tiny", "--seed", "x", "-o", "x.trace"], "--seed: must be a whole number"),
     (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "--steps", "0"], "--steps: must be a whole"),
+    # odd inputs and outputs: devices, a FIFO, a folder, empty and overlong names, a name with a tab
+    (["inspect", "/dev/null"], "/dev/null: is a device, not a regular file"),
+    (["inspect", "/dev/zero"], "/dev/zero: is a device, not a regular file"),
+    (["inspect", "fifo.trace"], "fifo.trace: is a FIFO (named pipe), not a regular file"),
+    (["inspect", "dir.trace"], "dir.trace: is a directory, not a trace file"),
+    (["inspect", "-"], "-: no such file"),
+    (["simulate", TRACE, "--plan", "/dev/null"], "/dev/null: is a device"),
+    (["simulate", TRACE, "--plan", "fifo.trace"], "fifo.trace: is a FIFO"),
+    (["simulate", TRACE, "--plan", "dir.trace"], "dir.trace: is a directory, not a plan file"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", ""], "the output's name is empty"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", "."], ".: is a directory, not a file to write"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", ".."], "..: is a directory, not a file to write"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", "/"], "/: ends with a separator"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", "x" * 256], "File name too long"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", "/dev/full", "--force"], "is not a regular file"),
+    (["plan", TRACE, "-m", "50%", "--planner", "lru", "-o", "fifo.trace", "--force"], "is not a regular file"),
+    (["plan", TRACE, "-m", "", "--planner", "lru", "-o", "e.json"], "empty memory limit"),
+    (["plan", TRACE, "-m", "50%%", "--planner", "lru", "-o", "e.json"], "not a memory limit: '50%%'"),
+    (["plan", TRACE, "-m", "nan%", "--planner", "lru", "-o", "e.json"], "is not a finite number"),
+    (["plan", TRACE, "-m", "inf", "--planner", "lru", "-o", "e.json"], "is not a finite number"),
+    (["plan", TRACE, "-m", "-5GiB", "--planner", "lru", "-o", "e.json"], "must be positive, not -5GiB"),
+    (["record", "--model", "", "-o", "r.trace"], "unknown model ''"),
+    (["record", "--model", ":", "-o", "r.trace"], "cannot load model ':'"),
+    (["record", "--model", "json:loads", "-o", "r.trace"], "loads(batch_size, device) raised TypeError"),
+    (["compare", TRACE, "--memory-limits", ",,,", "-o", "c"], "--memory-limits is empty"),
+    (["compare", TRACE, "--planners", ",", "-o", "c"], "--planners is empty"),
+    (["train", TRACE, "-m", "50%", "--reference", "nosuch.pt", "--steps", "5", "-o", "a.pt"],
+     "nosuch.pt: no such agent file (--reference)"),
+    (["train", TRACE, "-m", "50%", "--reference", TRACE, "--steps", "5", "-o", "a.pt"], "not an agent file"),
     # the command itself
     (["nosuch"], "invalid choice: 'nosuch'"),
     (["simulate"], "the following arguments are required"),
