@@ -550,9 +550,7 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
         optimizer.zero_grad(set_to_none=True)
         timeline = AllocatorTimeline()
         last = i == iterations - 1
-        # the collector is kept still in the measured iteration only (a collection costs a tenth of a second
-        # and more in a large process; the earlier iterations are not measured)
-        with collector_still() if last else nullcontext(), timeline:
+        with collector_still(), timeline:
             with runtime if runtime is not None else nullcontext():
                 out = model(*inputs)
                 loss = loss_fn(out)
