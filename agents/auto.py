@@ -46,7 +46,7 @@ import numpy as np
 
 from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.plan import Plan
-from dqn_swap.planners import get_planner
+from dqn_swap.planners import get_planner, plan_cost
 from dqn_swap.progress import progress
 from dqn_swap.simulator import Simulator
 from dqn_swap.trace import Trace
@@ -91,12 +91,6 @@ def _optimal(plan: Plan) -> bool:
     """Whether ``plan`` fits and reaches the simulator's lower bound (no plan is faster)."""
     f = plan.figures
     return bool(f.get("feasible")) and float(f["makespan"]) <= float(f.get("lower_bound", 0.0)) * (1 + 1e-12)
-
-
-def _cost(plan: Plan) -> tuple[bool, float]:
-    """Sort key: plans that fit first, then by simulated makespan (ties keep the earlier)."""
-    fits = bool(plan.figures.get("feasible"))
-    return (not fits, float(plan.figures.get("makespan", np.inf)) if fits else np.inf)
 
 
 class AutoPlanner:
@@ -153,7 +147,7 @@ class AutoPlanner:
                 candidates[name] = get_planner(name).plan(trace, memory_limit, prof)
             stage("baselines")
             fitting = [n for n in baselines if candidates[n].figures.get("feasible")]
-            best_baseline = min(fitting, key=lambda n: _cost(candidates[n])) if fitting else None
+            best_baseline = min(fitting, key=lambda n: plan_cost(candidates[n])) if fitting else None
             # A plan at the lower bound is optimal: nothing is searched beyond it.
             done = best_baseline is not None and _optimal(candidates[best_baseline])
             search = None
@@ -170,7 +164,7 @@ class AutoPlanner:
                 # local optima differ, and on small graphs the searches above end well within the budget).
                 sim = Simulator(trace, int(memory_limit), prof)
                 seen: set[tuple[Any, ...]] = set()
-                for i, name in enumerate(sorted(fitting, key=lambda n: _cost(candidates[n]))):
+                for i, name in enumerate(sorted(fitting, key=lambda n: plan_cost(candidates[n]))):
                     start = candidates[name]
                     if tuple(start.actions) in seen:
                         continue
@@ -191,7 +185,7 @@ class AutoPlanner:
                     if _optimal(polished):
                         break
                 stage("polish")
-            chosen = min(candidates, key=lambda n: _cost(candidates[n]))
+            chosen = min(candidates, key=lambda n: plan_cost(candidates[n]))
             plan = candidates[chosen]
             show.close(lambda: f"done, {chosen}, overhead {plan.figures.get('overhead', np.nan):.4f}")
         settings: dict[str, Any] = {

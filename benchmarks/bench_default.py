@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -55,17 +54,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_generalization import geomean  # noqa: E402
 from common import GRID, LIMITS, NAMES, get_trace, pct, run_and_publish  # noqa: E402
 
 CORPUS = ROOT / "runs" / "corpus"
 SCORED = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "sqrt-n", "layrub", "per-block", "offload-all",
           "offload-all+per-block", "knapsack")
 SEEDS = ("agent", "best baseline", "nothing")
-
-
-def _geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 # --------------------------------------------------------------------------- grid
@@ -120,9 +115,8 @@ def grid_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
         return None if v is None else (1 + v) / (1 + c["best_known"])
 
     return {"cells": len(cells), "at_or_below_best_baseline": sum(c["at_or_below"] for c in cells),
-            "auto_over_best_known": _geomean([ratio(c, "auto") for c in cells]),
-            "dqn_over_best_known": _geomean([ratio(c, "dqn") for c in cells]),
-            "dqn_search_over_best_known": _geomean([ratio(c, "dqn_search") for c in cells]),
+            **{f"{key}_over_best_known": geomean([r for c in cells if (r := ratio(c, key)) is not None])
+               for key in ("auto", "dqn", "dqn_search")},
             "cpu_seconds_median": statistics.median(c["cpu_seconds"] for c in cells),
             "cpu_seconds_max": max(c["cpu_seconds"] for c in cells)}
 
@@ -325,7 +319,7 @@ def anytime_summary(cells: list[dict[str, Any]], budgets: list[float]) -> dict[s
         for i, T in enumerate(budgets):
             both = [c for c in cells if all(c["runs"][s][i]["makespan"] is not None for s in SEEDS)]
             ratios = [c["runs"][seed][i]["makespan"] / c["best_known_makespan"] for c in both]
-            rows.append({"budget": T, "geomean_over_best_known": _geomean(ratios),
+            rows.append({"budget": T, "geomean_over_best_known": geomean(ratios),
                          "within_1pct": sum(r <= 1.01 for r in ratios), "cells": len(both),
                          "no_plan": sum(c["runs"][seed][i]["makespan"] is None for c in cells)})
         out[seed] = rows

@@ -44,8 +44,7 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")
-    if path.exists() and not path.is_file() and not path.is_symlink():
-        raise FileExistsError(f"{path}: is not a regular file (a device, a FIFO or a socket); it is not replaced")
+    refuse_to_replace_special(path)
     if (path.exists() or path.is_symlink()) and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
     folder = path.parent
@@ -182,6 +181,13 @@ def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)
 
 
+def refuse_to_replace_special(path: Path) -> None:
+    """``FileExistsError`` where ``path`` is neither a regular file nor a link (a device, a FIFO, a socket):
+    such a thing is never replaced, ``--force`` or not."""
+    if path.exists() and not path.is_file() and not path.is_symlink():
+        raise FileExistsError(f"{path}: is not a regular file (a device, a FIFO or a socket); it is not replaced")
+
+
 def write_text(path: str | os.PathLike[str], text: str, *, overwrite: bool = False) -> Path:
     """:func:`write_atomically` for text (UTF-8)."""
     return write_atomically(path, text.encode("utf-8"), overwrite=overwrite)
@@ -255,5 +261,5 @@ def other_kind(path: str | os.PathLike[str], expected: str) -> str | None:
     return f"{path}: {FILE_KINDS[kind]}, not {FILE_KINDS[expected].split(' (')[0]}"
 
 
-__all__ = ["FILE_KINDS", "is_plain_name", "kind_of_file", "not_a_regular_file", "other_kind", "save_figure", "write_atomically",
-           "write_text"]
+__all__ = ["FILE_KINDS", "OutputBusy", "is_plain_name", "kind_of_file", "link_new", "not_a_regular_file", "other_kind",
+           "output_lock", "refuse_to_replace_special", "save_figure", "write_atomically", "write_text"]

@@ -147,6 +147,13 @@ def planner_help(kind: str | None = None) -> str:
     return "; ".join(f"{n}: {_REGISTRY[n].summary}" for n in planner_names(kind))
 
 
+def plan_cost(plan: Plan) -> tuple[bool, float]:
+    """Sort key of plans of one trace: plans that fit first, then by simulated overhead (``min`` keeps
+    the earlier of equals)."""
+    fits = bool(plan.figures.get("feasible"))
+    return (not fits, float(plan.figures.get("overhead", np.inf)) if fits else np.inf)
+
+
 # --------------------------------------------------------------------------- plans made by hand
 def saved_activations(trace: Trace) -> list[int]:
     """Tensor ids of the saved tensors a plan may move (saved for backward, made in the forward

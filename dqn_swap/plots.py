@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import refuse_to_replace_special
 from .trace import Phase, Trace
 
 # Written into every PNG we make, so that a later run may replace our own plot
@@ -49,8 +50,7 @@ def check_output(path: str | os.PathLike[str], force: bool = False, png: bool = 
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")
-    if path.exists() and not path.is_file() and not path.is_symlink():
-        raise FileExistsError(f"{path}: is not a regular file (a device, a FIFO or a socket); it is not replaced")
+    refuse_to_replace_special(path)
     if png and path.suffix.lower() != ".png":
         raise ValueError(f"{path}: plots are written as PNG; name the file .png")
     if path.exists() and not force and not (path.suffix.lower() == ".png" and is_our_png(path)):

@@ -478,11 +478,12 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
 
     if reference is not None and start_step == 0:
         # the agent to beat counts as step 0: a run that does not beat it returns it
-        why = reference_mismatch(reference, config)
+        ref, ref_config, _ = load_agent(reference)
+        why = _mismatch(ref, ref_config, config)
         if why is not None or isinstance(q_net, QEnsemble):
             raise AgentFileError(f"{reference}: the reference agent cannot be compared: {why or 'an ensemble is trained'}")
         own = copy.deepcopy(q_net.state_dict())
-        q_net.load_state_dict(load_agent(reference)[0].state_dict())
+        q_net.load_state_dict(ref.state_dict())
         evaluate_and_keep(0, "reference")
         q_net.load_state_dict(own)
         target_net.load_state_dict(own)
@@ -612,7 +613,10 @@ NETWORK_FIELDS = ("p", "T", "readout", "head", "head_features", "swap_slack", "a
 def reference_mismatch(reference: str | os.PathLike[str], config: DQNConfig) -> str | None:
     """Why the agent file ``reference`` cannot be the agent a run with ``config`` must beat (None: it can):
     an ensemble, another environment, or another network."""
-    ref, ref_config, _ = load_agent(reference)
+    return _mismatch(*load_agent(reference)[:2], config)
+
+
+def _mismatch(ref: QNetwork | QEnsemble, ref_config: DQNConfig, config: DQNConfig) -> str | None:
     if isinstance(ref, QEnsemble):
         return "it is an ensemble"
     differ = environment_difference(ref_config, config, ENVIRONMENT_FIELDS)

@@ -54,6 +54,7 @@ import torch
 from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.plan import Plan
+from dqn_swap.planners import plan_cost
 from dqn_swap.progress import Progress, progress
 from dqn_swap.trace import Trace
 from dqn_swap.checkpoints import path as shipped_agent
@@ -444,7 +445,7 @@ class DQNPlanner:
                 plan = env.plan(self.name, self._settings(config, steps=summary["steps"], decode=decode))
                 overheads[label].append(round(float(plan.figures["overhead"]), 6) if plan.figures.get("feasible")
                                         else None)
-                if best is None or _plan_cost(plan) < _plan_cost(best[1]):
+                if best is None or plan_cost(plan) < plan_cost(best[1]):
                     best, by = (env, plan), {"agent": label, "member": who}
         assert best is not None
         best[1].settings.update(members=n_members, decoded_by=by, member_overheads=overheads)
@@ -544,15 +545,10 @@ class DQNSearchPlanner(DQNPlanner):
             candidates = [self._polished(env, search_plan, show, "polishing the lookahead's plan (1 of 2)",
                                          lambda: time.perf_counter() >= half),
                           self._polished(env, greedy_plan, show, f"polishing the {decode} plan (2 of 2)", late)]
-            plan = min(candidates, key=_plan_cost)
+            plan = min(candidates, key=plan_cost)
             show.close(lambda: f"done, overhead {plan.figures.get('overhead', np.nan):.4f}")
         cut += [p.settings["decoded"] for p in candidates if p.settings.get("polish", {}).get("stopped") == "time"]
         plan.settings.update(plan_seconds=round(time.perf_counter() - t0, 3), time_budget=self.time_budget,
                              cut_by_time=cut)
         return plan
 
-
-def _plan_cost(plan: Plan) -> tuple[bool, float]:
-    """Sort key: plans that fit first, then by simulated overhead (ties keep the earlier plan)."""
-    fits = bool(plan.figures.get("feasible"))
-    return (not fits, float(plan.figures.get("overhead", np.inf)) if fits else np.inf)

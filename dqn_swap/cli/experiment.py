@@ -549,7 +549,6 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
     for i in range(iterations):
         optimizer.zero_grad(set_to_none=True)
         timeline = AllocatorTimeline()
-        last = i == iterations - 1
         with collector_still(), timeline:
             with runtime if runtime is not None else nullcontext():
                 out = model(*inputs)
@@ -557,6 +556,6 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
                 loss.backward()
             optimizer.step()
             del out, loss
-        if last:
+        if i == iterations - 1:
             peak = timeline.peak  # type: ignore[union-attr]
     return int(baseline) + int(peak)
