@@ -22,6 +22,7 @@ File format (JSON, version 2)::
                   "max_inflight_d2h_bytes": 123},
      "figures": {... simulated results ...}}
 
+``docs/plan-format.md`` explains every field and ``docs/plan.schema.json`` is its JSON Schema.
 Version 1 files (no schedule) are still read; the schedule is then derived by
 simulating the plan when it is needed.  Loading checks the fingerprint, and
 the actions and schedule against the trace the plan is used with.
@@ -78,9 +79,11 @@ class RecomputeStep(NamedTuple):
 
 
 def _ints(xs: Any) -> tuple[int, ...]:
-    """``xs``, a JSON list of integers (not floats, strings or booleans), as a tuple."""
+    """``xs``, a JSON list of indices (integers from 0; not floats, strings or booleans), as a tuple."""
     if not isinstance(xs, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in xs):
         raise TypeError(f"expected a list of integers, not {xs!r}"[:120])
+    if any(x < 0 for x in xs):
+        raise ValueError(f"expected indices (integers from 0), not {xs!r}"[:120])
     return tuple(xs)
 
 

@@ -100,3 +100,48 @@ def memory_plot(trace: Trace, path: Path, title: str | None = None,
     ax.set_xlim(0, max(float(t[-1]) if len(t) else 1.0, 1e-9))
     ax.set_ylim(0, float(np.max(mem, initial=0)) * 1.08 or 1)
     return save(fig, path)
+
+
+def plan_memory_plot(trace: Trace, report: dict, path: Path, title: str | None = None) -> Path:
+    """Memory over the iteration without the plan and under it (:func:`dqn_swap.explain.explain_plan`
+    with ``timeline=True``), the limit and the minimum any plan needs, forward and backward shaded;
+    below, the copies to the host, the copies back and the re-runs, when the simulation runs them."""
+    from .explain import copy_intervals, phase_spans
+
+    plt = _pyplot()
+    result, schedule, profile = report["_result"], report["_schedule"], report["_profile"]
+    fig, (ax, lanes) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True,
+                                    gridspec_kw={"height_ratios": [4, 1.3]})
+    scale, unit = (2**30, "GiB") if trace.peak_bytes >= 2**30 else (2**20, "MiB")
+    end = max(float(result.makespan), float(trace.event_time[-1]) if trace.n_events else 0.0)
+    tk, tunit = (1.0, "s") if end >= 1 else (1e3, "ms")  # the time axis in seconds, or ms for short iterations
+    for phase, start, stop in phase_spans(trace, result):
+        colour = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}[phase]
+        ax.axvspan(start * tk, stop * tk, color=colour, alpha=0.08, label=f"{phase} (planned)")
+    ax.step(trace.event_time * tk, trace.memory_after_event / scale, where="post", color="grey", linewidth=0.9,
+            label="unplanned")
+    if result.timeline is not None:
+        times, values = result.timeline
+        ax.step(times * tk, values / scale, where="post", color="black", linewidth=1.1, label="planned")
+    limit = report["figures"]["memory_limit_bytes"]
+    ax.axhline(limit / scale, color="red", linestyle="--", label="memory limit")
+    ax.axhline(trace.minimum_memory / scale, color="tab:purple", linestyle=":", label="minimum any plan needs")
+    ax.set_ylabel(f"allocated ({unit})")
+    top = max(trace.peak_bytes, limit) / scale
+    ax.set_ylim(0, top * 1.12 or 1)
+    f = report["figures"]
+    ax.set_title(title or f"{trace.meta.get('model', 'trace')}: plan by {report['plan']['planner']} "
+                          f"({f['swapped']} swapped, {f['recomputed']} re-created, "
+                          f"{f['overhead'] * 100:.1f} % slower than unplanned)")
+    ax.legend(loc="upper left", fontsize=7, ncol=2)
+    lanes_y = {"to host": 2, "back": 1, "re-run": 0}
+    colours = {"to host": "tab:red", "back": "tab:green", "re-run": "tab:brown"}
+    for name, spans in copy_intervals(trace, result, schedule, profile).items():
+        if spans:
+            lanes.broken_barh([(s * tk, max(e - s, 0.0) * tk) for s, e in spans], (lanes_y[name] - 0.35, 0.7),
+                              color=colours[name], alpha=0.8)
+    lanes.set_yticks(list(lanes_y.values()), list(lanes_y))
+    lanes.set_ylim(-0.6, 2.6)
+    lanes.set_xlabel(f"time ({tunit}, simulated)")
+    lanes.set_xlim(0, end * tk or 1.0)
+    return save(fig, path)
