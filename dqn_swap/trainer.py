@@ -20,6 +20,15 @@ after this one, at those two events.  Evaluation passes (no gradients, or the mo
 eval mode) are left alone.  The optimizer the trainer steps (the one inside accelerate's
 wrapper) reports its steps to the recorder through its own step hooks.
 
+Planned training reports where the Trainer's users look.  Every time the trainer logs, the
+callback adds :meth:`~dqn_swap.user_loop.AutoPlan.figures` (``dqn_swap/plans``,
+``dqn_swap/memory_limit_bytes``, ``dqn_swap/planned_peak_bytes``, ``dqn_swap/predicted_overhead``,
+``dqn_swap/safe_steps`` ...) to that entry of ``trainer.state.log_history`` and to the logs the
+callbacks after it receive.  The reporting callbacks of ``report_to`` come first in a Trainer's
+list, so where ``report_to`` names TensorBoard the callback writes the same figures itself, as a
+run of its own beside the trainer's: ``logging_dir/dqn_swap`` (transformers 4), or
+``output_dir/runs/dqn_swap`` (5, whose runs are ``output_dir/runs/DATE_HOST``).
+
 Needs ``transformers`` (``pip install 'dqn-swap[hf]'``).
 """
 
@@ -65,6 +74,7 @@ class AutoPlanCallback(TrainerCallback):
         self._model: torch.nn.Module | None = None
         self._hook: Any = None
         self._open: Any = None  # the step under way
+        self._scalars: Any = None  # ScalarLog under logging_dir, where report_to names tensorboard
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None,
                        optimizer: Any = None, **kwargs: Any) -> None:
@@ -75,6 +85,31 @@ class AutoPlanCallback(TrainerCallback):
             self.planned = autoplan(model, self.memory_limit, optimizer=_inner_optimizer(optimizer), **self.options)
             self._model = model
             self._hook = model.register_forward_pre_hook(self._open_step, prepend=True)
+        report_to = getattr(args, "report_to", None) or []
+        report_to = [report_to] if isinstance(report_to, str) else list(report_to)
+        if "tensorboard" in report_to or "all" in report_to:
+            import os
+
+            from .scalars import ScalarLog
+
+            # transformers 4: beside the trainer's run in logging_dir; 5 names its runs
+            # output_dir/runs/DATE_HOST, which TensorBoard shows beside output_dir/runs/dqn_swap
+            logging_dir = getattr(args, "logging_dir", None)
+            folder = (os.path.join(logging_dir, "dqn_swap") if logging_dir
+                      else os.path.join(args.output_dir, "runs", "dqn_swap"))
+            self._scalars = ScalarLog(folder, prefix="train/")
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        """The planned figures join this log entry (module docstring)."""
+        if self.planned is None or logs is None:
+            return
+        figures = self.planned.figures()
+        logs.update(figures)
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(figures)
+        if self._scalars is not None:
+            self._scalars.write(figures, state.global_step)
 
     def _open_step(self, module: torch.nn.Module, args: Any) -> None:
         if self._open is not None or not (module.training and torch.is_grad_enabled()):
@@ -108,6 +143,9 @@ class AutoPlanCallback(TrainerCallback):
                                f"({p.replans} planned again for larger shapes or more bytes beside them), "
                                f"{p.safe_steps} of {p.steps} steps left their plan and ran in safe mode")
         self._model = None  # another train() starts a new autoplan
+        if self._scalars is not None:
+            self._scalars.close()
+            self._scalars = None
 
 
 __all__ = ["AutoPlanCallback"]

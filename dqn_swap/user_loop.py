@@ -409,7 +409,8 @@ class AutoPlan:
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
                  verbose: bool = True, runtime_options: dict[str, Any] | None = None,
-                 max_variants: int = MAX_VARIANTS, shapes: str = "bucket") -> None:
+                 max_variants: int = MAX_VARIANTS, shapes: str = "bucket",
+                 tensorboard: str | Path | None = None, log_every: int = 10) -> None:
         from .support import fsdp_param_groups, unsupported_reason
 
         if not isinstance(model, torch.nn.Module):
@@ -435,6 +436,9 @@ class AutoPlan:
         expect(planner_options, dict, "planner_options", none=True)
         expect(runtime_options, dict, "runtime_options", none=True)
         expect(allow_infeasible, bool, "allow_infeasible")
+        expect_path(tensorboard, "tensorboard", none=True)
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise AutoPlanError(f"log_every={log_every!r}: a whole number of steps, at least 1")
         if isinstance(max_variants, bool) or not isinstance(max_variants, int) or max_variants < 1:
             raise AutoPlanError(f"max_variants={max_variants!r}: a whole number of plans per signature, at least 1")
         if optimizer is not None:
@@ -503,6 +507,10 @@ class AutoPlan:
         self.cache = Path(cache) if cache is not None else None
         if self.cache is not None:
             self._load_cache()
+        from .scalars import ScalarLog
+
+        self.log_every = log_every
+        self._scalars = ScalarLog(tensorboard) if tensorboard is not None else None
         self._root_hook = model.register_forward_pre_hook(self._root_call, with_kwargs=True, prepend=True)
         self._opt_hooks = ((optimizer.register_step_pre_hook(self._optimizer_pre),
                             optimizer.register_step_post_hook(self._optimizer_post))
@@ -608,6 +616,8 @@ class AutoPlan:
         self.steps += 1
         self.last = state.kind
         self.last_entry = state.entry
+        if self._scalars is not None and self.steps % self.log_every == 0:
+            self._scalars.write(self.figures(), self.steps)
         if state.kind == "planned":
             assert state.entry is not None
             rt = state.entry.runtime
@@ -1038,12 +1048,37 @@ class AutoPlan:
         self._root_hook.remove()
         for h in self._opt_hooks:
             h.remove()
+        if self._scalars is not None:
+            self._scalars.write(self.figures(), self.steps)
+            self._scalars.close()
 
     @property
     def stats(self) -> Any:
         """The last planned step's :class:`~dqn_swap.runtime.IterationStats` (None before one ran)."""
         done = [e.runtime for e in self.entries.values() if e.runtime is not None and e.runtime.stats is not None]
         return done[-1].stats if done else None
+
+    def figures(self) -> dict[str, float | int]:
+        """What planned training reports where users look (the Trainer's logs, TensorBoard): the
+        steps, plans and signatures so far, steps in safe mode, the CPU seconds spent planning; for
+        the plan the last planned step followed, its limit, its simulated peak and its predicted
+        overhead (time over unplanned, minus 1); on CUDA, the device's peak allocated so far."""
+        out: dict[str, float | int] = {
+            "dqn_swap/steps": self.steps, "dqn_swap/plans": len(self.entries),
+            "dqn_swap/signatures": len(self.variants), "dqn_swap/safe_steps": self.safe_steps,
+            "dqn_swap/planning_seconds": round(self.planning_seconds, 3)}
+        entries = [e for e in self.entries.values() if e.followed or e.diverged]
+        entry = self.last_entry or (entries[-1] if entries else None)
+        if entry is not None:
+            out["dqn_swap/memory_limit_bytes"] = int(entry.plan.memory_limit)
+            peak, overhead = entry.plan.figures.get("peak_bytes"), entry.plan.figures.get("overhead")
+            if isinstance(peak, (int, float)):
+                out["dqn_swap/planned_peak_bytes"] = int(peak)
+            if isinstance(overhead, (int, float)):
+                out["dqn_swap/predicted_overhead"] = float(overhead)
+        if self.device.type == "cuda":
+            out["dqn_swap/device_peak_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {"steps": self.steps, "planner": self.planner_name, "last": self.last, "log": list(self.log),
@@ -1098,7 +1133,9 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
             never repeat: neighbour-sampled graphs, unpadded sequences, a short last batch);
             ``"exact"``: a plan per set of shapes.
         **options: ``profile`` (device profile for op times), ``planner_options``,
-            ``runtime_options`` (for :class:`~dqn_swap.runtime.PlannedExecution`), ``verbose``.
+            ``runtime_options`` (for :class:`~dqn_swap.runtime.PlannedExecution`), ``verbose``,
+            ``tensorboard`` (a folder: :meth:`AutoPlan.figures` written there as TensorBoard scalars
+            every ``log_every`` steps, default 10, and when the hooks come off).
     """
     return AutoPlan(model, memory_limit, planner=planner, optimizer=optimizer, cache=cache,
                     allow_infeasible=allow_infeasible, new_shapes=new_shapes, shapes=shapes, **options)
