@@ -145,3 +145,33 @@ def plan_memory_plot(trace: Trace, report: dict, path: Path, title: str | None =
     lanes.set_xlabel(f"time ({tunit}, simulated)")
     lanes.set_xlim(0, end * tk or 1.0)
     return save(fig, path)
+
+
+def capacity_plot(answer: dict, path: Path) -> Path:
+    """Speed against size for ``dqn-swap max-batch`` (:mod:`dqn_swap.capacity`): items per second,
+    unplanned where it fits and planned beyond, with the largest unplanned size and the bound any
+    plan allows marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    rows = [r for r in answer["speeds"] if r["items_per_s"]]
+    unit = "tokens/s" if answer["searched"] == "sequence length" else "samples/s"
+    for kind, colour, marker in (("unplanned", "tab:blue", "o"), ("planned", "tab:orange", "s")):
+        sel = [r for r in rows if r["fits"] == kind]
+        if sel:
+            ax.plot([r["size"] for r in sel], [r["items_per_s"] for r in sel], marker=marker, color=colour,
+                    linestyle="none", markersize=7, label=kind if kind == "unplanned" else f"planned ({answer['planner']})")
+    if rows:
+        ax.plot([r["size"] for r in rows], [r["items_per_s"] for r in rows], color="grey", linewidth=0.8)
+    for key, colour, text in (("largest_unplanned", "tab:blue", "largest unplanned"),
+                              ("largest_any_plan", "tab:red", "largest any plan allows")):
+        if answer.get(key):
+            ax.axvline(answer[key], color=colour, linestyle="--", linewidth=1, label=f"{text}: {answer[key]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(answer["searched"])
+    ax.set_ylabel(f"{unit} (simulated, {answer['profile']})")
+    ax.set_ylim(bottom=0)
+    from .units import format_bytes
+
+    ax.set_title(f"{answer['model']} in {format_bytes(answer['memory_bytes'])}")
+    ax.legend(loc="lower left", fontsize=8)
+    return save(fig, path)

@@ -14,12 +14,12 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import (compare_cmd, ensemble_cmd, explain_cmd, finetune_cmd, inspect_cmd, record_cmd, run_cmd, simulate_cmd,
-               train_cmd)
+from . import (compare_cmd, ensemble_cmd, explain_cmd, finetune_cmd, inspect_cmd, max_batch_cmd, record_cmd, run_cmd,
+               simulate_cmd, train_cmd)
 
 # Modules that add subcommands, in the order ``--help`` lists them (simulate_cmd adds
 # simulate and plan).
-SUBCOMMANDS = [record_cmd, inspect_cmd, simulate_cmd, explain_cmd, compare_cmd, train_cmd, finetune_cmd, ensemble_cmd, run_cmd]
+SUBCOMMANDS = [record_cmd, inspect_cmd, simulate_cmd, explain_cmd, max_batch_cmd, compare_cmd, train_cmd, finetune_cmd, ensemble_cmd, run_cmd]
 
 
 class UserError(Exception):

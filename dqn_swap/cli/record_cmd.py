@@ -62,15 +62,18 @@ def _import_from_here(module_name: str):
             sys.path.remove(here)
 
 
-def load_workload(spec: str, batch_size: int, device: str, seed: int):
-    """A zoo workload by name, or a user's from ``module:function``."""
+def load_workload(spec: str, batch_size: int, device: str, seed: int, seq_len: int | None = None):
+    """A zoo workload by name, or a user's from ``module:function`` (``seq_len``: Hugging Face
+    language models only)."""
     from ..models import build_workload
 
     if ":" not in spec:
-        return build_workload(spec, batch_size, device, seed=seed)
+        return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
     module_name, _, fn_name = spec.partition(":")
     if module_name in ("hf", "gen"):
-        return build_workload(spec, batch_size, device, seed=seed)
+        return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
+    if seq_len is not None:
+        raise ValueError(f"model {spec!r}: only Hugging Face language models (hf:NAME) take a sequence length")
     try:
         fn = getattr(_import_from_here(module_name), fn_name)
     except (ImportError, AttributeError, ValueError) as e:

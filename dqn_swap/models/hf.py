@@ -84,14 +84,15 @@ def config_of(spec: str) -> Any:
         raise ValueError(f"{path}: not a Hugging Face model configuration ({_first_line(e)})") from None
 
 
-def hf_workload(spec: str, batch_size: int, device: torch.device, seed: int) -> tuple[nn.Module, tuple, Any, Any]:
+def hf_workload(spec: str, batch_size: int, device: torch.device, seed: int, seq_len: int | None = None
+                ) -> tuple[nn.Module, tuple, Any, Any]:
     """Model, inputs, loss and optimizer factory of Hugging Face model ``spec`` (module docstring).
 
     A configuration the library rejects or cannot run here (a field of the wrong type, an attention
     implementation whose package is missing) is one ``ValueError`` line naming it."""
     config = config_of(spec)
     try:
-        return _build(spec, config, batch_size, device, seed)
+        return _build(spec, config, batch_size, device, seed, seq_len)
     except ValueError as e:
         if str(e).startswith((f"Hugging Face model {spec!r}", f"{spec}:")):
             raise
@@ -106,7 +107,12 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {one[:240]}" if text else type(e).__name__
 
 
-def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: int
+def positions_of(config: Any) -> int:
+    """The longest sequence a language model's configuration allows (its position embeddings)."""
+    return int(getattr(config, "max_position_embeddings", getattr(config, "n_positions", SEQ_LEN)))
+
+
+def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: int, seq_len: int | None = None
            ) -> tuple[nn.Module, tuple, Any, Any]:
     tf = _transformers()
     gen = torch.Generator().manual_seed(seed)
@@ -119,6 +125,8 @@ def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: 
     place = torch.device("meta") if device.type == "meta" else contextlib.nullcontext()
     kind = config.model_type
     if kind in ("vit", "deit", "beit", "swin", "convnext", "resnet", "dinov2"):
+        if seq_len is not None:
+            raise ValueError(f"{spec}: an image model ({kind}) takes no sequence length")
         with place:
             model = tf.AutoModelForImageClassification.from_config(config)
         size, classes = int(getattr(config, "image_size", 224)), int(getattr(config, "num_labels", 2))
@@ -136,8 +144,11 @@ def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: 
             raise ValueError(f"Hugging Face model {spec!r} ({kind}) is neither a causal nor a masked language "
                              f"model nor an image classifier dqn-swap knows how to train ({str(e).splitlines()[0]})"
                              ) from None
-        positions = int(getattr(config, "max_position_embeddings", getattr(config, "n_positions", SEQ_LEN)))
-        seq = min(SEQ_LEN, positions)
+        positions = positions_of(config)
+        if seq_len is not None and seq_len > positions:
+            raise ValueError(f"{spec}: a sequence of {seq_len} is longer than the {positions} positions of its "
+                             "configuration")
+        seq = min(SEQ_LEN, positions) if seq_len is None else seq_len
         inputs = data(lambda: torch.randint(0, int(config.vocab_size), (batch_size, seq), generator=gen))
         labels = inputs  # the model shifts them for next-token prediction; masked LM predicts them
         wrapped = HFTraining(model, "input_ids")
@@ -149,4 +160,4 @@ def _build(spec: str, config: Any, batch_size: int, device: torch.device, seed: 
     return wrapped, (inputs, labels), (lambda out: out.loss), make_optimizer
 
 
-__all__ = ["SMALL", "HFTraining", "config_of", "hf_workload"]
+__all__ = ["SMALL", "HFTraining", "config_of", "hf_workload", "positions_of"]

@@ -155,12 +155,20 @@ MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 assert MODEL_NAMES == _NAMES, "dqn_swap/models/names.py must list the builders of this module"
 
 
-def build_workload(name: str, batch_size: int, device: str | torch.device = "meta", seed: int = 0) -> Workload:
+def build_workload(name: str, batch_size: int, device: str | torch.device = "meta", seed: int = 0,
+                   seq_len: int | None = None) -> Workload:
     """Build workload ``name`` for ``batch_size`` directly on ``device`` (default ``meta``: shapes only).
 
     ``torch.manual_seed(seed)`` runs first, so CPU weights (and later dropout masks) are
     reproducible; inputs and targets come from a CPU generator seeded with ``seed``.
+    ``seq_len``: the sequence length of a Hugging Face language model (default 64, at most its
+    positions); other models refuse it.
     """
+    if seq_len is not None:
+        if not name.startswith("hf:"):
+            raise ValueError(f"{name}: only Hugging Face language models (hf:NAME) take a sequence length")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"sequence length {seq_len!r}: a whole number from 1")
     if name not in _BUILDERS and not name.startswith(("hf:", "gen:")):
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, hf:NAME for a "
                          "Hugging Face model (hf:gpt2, hf:llama, hf:bert, hf:vit, hf:PATH/config.json), or "
@@ -171,7 +179,7 @@ def build_workload(name: str, batch_size: int, device: str | torch.device = "met
         from .hf import hf_workload
 
         torch.manual_seed(seed)
-        model, inputs, loss_fn, make_optimizer = hf_workload(name[3:], batch_size, device, seed)
+        model, inputs, loss_fn, make_optimizer = hf_workload(name[3:], batch_size, device, seed, seq_len)
         return Workload(name, model.train(), inputs, loss_fn, make_optimizer)
     if name.startswith("gen:"):
         from .generator import build_parts, parse_name, sample
