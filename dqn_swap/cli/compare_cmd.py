@@ -40,7 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planners", default="all",
                    help=f"comma-separated planners ({', '.join(registered())}) or 'all' (every one but the "
                         "simple rules)")
-    p.add_argument("--agent", help=f"for auto and the dqn planners: {AGENT_HELP}")
+    p.add_argument("--agent", nargs="+", metavar="AGENT",
+                   help=f"for auto and the dqn planners: {AGENT_HELP}. Several compare those planners once per "
+                        "agent, as PLANNER@AGENT_NAME columns")
     p.add_argument("--time-limit", type=seconds, default=None, metavar="SECONDS",
                    help="seconds the exact planner 'optimal' may solve each cell (default 600); "
                         "cut short, it reports its certified gap")
@@ -65,11 +67,13 @@ def planner_names(spec: str) -> list[str]:
     return names
 
 
-def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str], agent: str | None = None,
-                 progress: bool = False, time_limit: float | None = None,
+def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
+                 agent: str | list[str] | None = None, progress: bool = False, time_limit: float | None = None,
                  search_simulations: int | None = None, search_seconds: float | None = None) -> list[dict[str, Any]]:
     """Plan and simulate every (trace, limit, planner) cell; one row per cell, with the cell's ceiling.
 
+    ``agent``: one agent file for the planners that read one, or several: each such planner is
+    then compared once per agent, as ``PLANNER@NAME`` (the file's name without its suffix).
     ``progress``: report on standard error (:mod:`dqn_swap.progress`): the cell being planned, and
     what a planner that takes more than a few seconds is doing, after the cell's name."""
     from contextlib import nullcontext
@@ -83,11 +87,21 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
     from ..progress import showing
     from ..trace import resolve_memory_limit
 
-    cells = [(name, lim, pl) for name in traces for lim in limits for pl in planners]
-    planner_objs = {pl: get_planner(pl, agent=agent, **planner_settings(pl, time_limit=time_limit,
-                                                                        search_simulations=search_simulations,
-                                                                        search_seconds=search_seconds))
-                    for pl in planners}
+    from ..planners import planner_entry
+
+    agents = [agent] if isinstance(agent, str) or agent is None else list(agent)
+    labels: dict[str, tuple[str, str | None]] = {}  # column -> (planner, agent)
+    for pl in planners:
+        if len(agents) > 1 and planner_entry(pl).takes_agent:
+            for a in agents:
+                labels[f"{pl}@{Path(a).stem if a not in ('shipped', 'ensemble') else a}"] = (pl, a)
+        else:
+            labels[pl] = (pl, agents[0] if agents else None)
+    cells = [(name, lim, label) for name in traces for lim in limits for label in labels]
+    planner_objs = {label: get_planner(pl, agent=a, **planner_settings(pl, time_limit=time_limit,
+                                                                       search_simulations=search_simulations,
+                                                                       search_seconds=search_seconds))
+                    for label, (pl, a) in labels.items()}
     rows = []
     with (showing() if progress else nullcontext()), progress_line("compare") as line:
         for i, (name, lim, pl) in enumerate(cells):
@@ -163,6 +177,78 @@ def add_ceilings(rows: list[dict[str, Any]]) -> None:
                                         and r["makespan_s"] is not None else None)
 
 
+#: Within this share of the fastest plan of a cell, the default planner is the one recommended:
+#: it needs no choice, and a difference this small is below what the simulator can promise.
+RECOMMEND_DEFAULT_WITHIN = 0.01
+
+
+def _kind(label: str) -> str:
+    from ..planners import planner_entry
+
+    try:
+        return planner_entry(label.split("@")[0]).kind
+    except (KeyError, ValueError):
+        return "other"
+
+
+def recommend(cell: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """The planner to use for one (trace, limit) cell, and why, in one line: the fastest feasible
+    plan, or the default where it is within :data:`RECOMMEND_DEFAULT_WITHIN` of it."""
+    from ..planners import DEFAULT_PLANNER
+
+    feasible = [r for r in cell if r["feasible"] and r["makespan_s"] is not None]
+    if not feasible:
+        return None, "no planner fits this limit (it is below what they reach; try a larger limit)"
+    best = min(feasible, key=lambda r: (r["makespan_s"], r["planning_s"]))
+    lb = best.get("lower_bound_s") or 0.0
+    above = f", {percent(best['makespan_s'] / lb - 1)} above the lower bound" if lb > 0 else ""
+    default = next((r for r in feasible if r["planner"] == DEFAULT_PLANNER), None)
+    if default is not None and default["makespan_s"] <= best["makespan_s"] * (1 + RECOMMEND_DEFAULT_WITHIN):
+        if default["makespan_s"] <= best["makespan_s"] * (1 + 1e-9):  # a tie counts for the default
+            return DEFAULT_PLANNER, (f"the default, and the fastest plan here ({percent(default['overhead'])} slower "
+                                     f"than unplanned{above})")
+        return DEFAULT_PLANNER, (f"the default, within {percent(default['makespan_s'] / best['makespan_s'] - 1)} of the "
+                                 f"fastest here ({best['planner']}, {percent(best['overhead'])} slower than unplanned)")
+    return best["planner"], f"the fastest plan here ({percent(best['overhead'])} slower than unplanned{above})"
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """The short table: per trace and limit, the lower bound, the default planner, the best
+    baseline of the papers, the best of the switches users have (per-block checkpointing, offloading
+    to the host), each as its overhead over unplanned compute (the same reference in every run), and
+    the planner to use (:func:`recommend`).  Every planner is in the full table, the CSV and the JSON."""
+    from ..planners import DEFAULT_PLANNER
+
+    out = io.StringIO()
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        sub = [r for r in rows if r["trace"] == trace]
+        out.write(f"\n**{sub[0]['model'] or trace}**: time over unplanned compute (lower is better)\n\n")
+        out.write(f"| limit | lower bound | {DEFAULT_PLANNER} (default) | best baseline | best switch | use |\n"
+                  "|---|---|---|---|---|---|\n")
+        lines = []
+        for lim in dict.fromkeys(r["limit"] for r in sub):
+            cell = [r for r in sub if r["limit"] == lim]
+            T = cell[0].get("compute_time_s") or 0.0
+            lb = cell[0].get("lower_bound_s")
+            bound = percent(lb / T - 1) if lb and T else "-"
+
+            def best_of(kind: str) -> str:
+                mine = [r for r in cell if _kind(r["planner"]) == kind and r["feasible"] and r["overhead"] is not None]
+                if not mine:
+                    return "none fits" if any(_kind(r["planner"]) == kind for r in cell) else "-"
+                r = min(mine, key=lambda r: r["overhead"])
+                return f"{percent(r['overhead'])} ({r['planner']})"
+
+            default = next((r for r in cell if r["planner"] == DEFAULT_PLANNER), None)
+            dtext = "-" if default is None else percent(default["overhead"]) if default["feasible"] else "does not fit"
+            use, why = recommend(cell)
+            out.write(f"| {lim} | {bound} | {dtext} | {best_of('baseline')} | {best_of('switch')} | {use or '-'} |\n")
+            lines.append(f"{sub[0]['model'] or trace} at {lim}: use {use}: {why}." if use else
+                         f"{sub[0]['model'] or trace} at {lim}: {why}.")
+        out.write("\n" + "\n".join(lines) + "\n")
+    return out.getvalue()
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One table per trace: a row per limit, a column per planner, cells 'overhead (distance to the ceiling)',
     or for an infeasible plan where it fails ('fails at #op, N short')."""
@@ -225,9 +311,14 @@ def planner_styles(planners: list[str]) -> dict[str, dict[str, Any]]:
     for pl in planners:
         i = order.index(pl)
         learned = pl in learned_kind or pl.startswith("dqn")  # the learned planners (the default among them) stand out
+        # Drawn in order, each marker smaller than the one before and on top of it: planners that
+        # share a point show as rings round one another instead of hiding each other.
+        j = planners.index(pl)
         styles[pl] = {"color": COLOURS[i % len(COLOURS)], "marker": MARKERS[i % len(MARKERS)],
                       "linestyle": LINESTYLES[(i // len(COLOURS)) % len(LINESTYLES)],
-                      "linewidth": 2.6 if learned else 1.2, "zorder": 3 if learned else 2}
+                      "linewidth": 2.6 if learned else 1.2, "zorder": 2 + j / max(len(planners), 1),
+                      "markersize": 11 - 7 * j / max(len(planners) - 1, 1), "markerfacecolor": "none" if j % 2 else None,
+                      "markeredgewidth": 1.4}
     return styles
 
 
@@ -328,6 +419,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--planners is empty; name some (for example greedy,lru,dqn) or all")
     from .simulate_cmd import check_settings_apply
 
+    if args.agent is not None and len(set(args.agent)) != len(args.agent):
+        raise ValueError("--agent names the same agent twice")
     check_settings_apply(planners, agent=args.agent, time_limit=args.time_limit,
                          search_simulations=args.search_simulations, search_seconds=args.search_seconds)
     limits = [s.strip() for s in args.memory_limits.split(",") if s.strip()]
@@ -356,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
     csv_path = check_output(folder / "compare.csv", args.force)
     for kind in ("overhead", "makespan_lb"):
         check_output(folder / f"{kind}.png", args.force)
-    table = markdown_table(rows)
+    table = summary_table(rows) + "\n**Every planner**\n" + markdown_table(rows)
     csv_text = io.StringIO(newline="")
     w = csv.DictWriter(csv_text, fieldnames=COLUMNS, extrasaction="ignore")
     w.writeheader()
@@ -366,6 +459,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        print(table)
-        print(f"wrote {md_path}, {csv_path}, " + ", ".join(map(str, plots)))
+        print(summary_table(rows).lstrip())
+        print(f"every planner: {md_path}, {csv_path}; plots: " + ", ".join(map(str, plots)))
     return 0

@@ -597,3 +597,43 @@ def test_the_installed_command_records_a_model_of_the_current_folder(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     assert Trace.load(tmp_path / "m.trace").n_ops > 0
+
+
+def test_compare_prints_a_short_table_with_one_recommendation_per_limit(resnet, tmp_path, capsys):
+    """The short table (default, best baseline, best switch, lower bound: all over unplanned compute,
+    the same reference in every run) and one line per limit saying which planner to use; every
+    planner stays in compare.md, the CSV and the JSON."""
+    from dqn_swap.cli.compare_cmd import recommend
+
+    folder = tmp_path / "cmp"
+    code, out, err = run(["compare", str(resnet), "--planners", "auto,lru,window,per-block,offload-all",
+                          "--memory-limits", "60%,20%", "-o", str(folder)], capsys)
+    assert code == 0, err
+    assert "| limit | lower bound | auto (default) | best baseline | best switch | use |" in out
+    lines = [line for line in out.splitlines() if " at 60%: use " in line or " at 20%: use " in line]
+    assert len(lines) == 2, out
+    md = (folder / "compare.md").read_text()
+    assert "best switch" in md and "| window |" not in out and "window" in md.split("**Every planner**")[1]
+    # the recommendation: the fastest feasible plan, or the default within 1 % of it
+    cell = [{"planner": "auto", "feasible": True, "makespan_s": 1.005, "planning_s": 1, "overhead": 0.005,
+             "lower_bound_s": 1.0},
+            {"planner": "lru", "feasible": True, "makespan_s": 1.0, "planning_s": 0, "overhead": 0.0,
+             "lower_bound_s": 1.0},
+            {"planner": "window", "feasible": False, "makespan_s": None, "planning_s": 0, "overhead": None}]
+    assert recommend(cell)[0] == "auto" and "within 0.5%" in recommend(cell)[1]
+    cell[0]["makespan_s"] = 1.02
+    assert recommend(cell)[0] == "lru"
+    assert recommend([cell[2]])[0] is None
+
+
+def test_compare_several_agents_at_once(resnet, tmp_path, capsys):
+    from pathlib import Path as P
+
+    agents = [str(P(__file__).parents[2] / "checkpoints" / "grid" / f"gpt@{x}.pt") for x in (50, 70)]
+    code, out, err = run(["compare", str(resnet), "--planners", "dqn,lru", "--agent", *agents,
+                          "--memory-limits", "50%", "-o", str(tmp_path / "c"), "--json"], capsys)
+    assert code == 0, err
+    assert {r["planner"] for r in json.loads(out)} == {"dqn@gpt@50", "dqn@gpt@70", "lru"}
+    code, _, err = run(["compare", str(resnet), "--planners", "dqn", "--agent", agents[0], agents[0],
+                        "--memory-limits", "50%", "-o", str(tmp_path / "d")], capsys)
+    one_line_error(code, err, "the same agent twice")
