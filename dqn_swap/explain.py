@@ -99,7 +99,7 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
                "made_by": _op_text(trace, made), "bytes": int(trace.tensor_nbytes[t]),
                "role": Role(int(trace.tensor_role[t])).name.lower(),
                "leaves_after": _op_text(trace, int(trace.event_op[a.event])),
-               "needed_by": trace.op_label(int(return_op[t])) if return_op[t] >= 0 else "nothing (not read again)"}
+               "needed_by": _op_text(trace, int(return_op[t])) if return_op[t] >= 0 else "nothing (not read again)"}
         if a.kind == ActionKind.SWAP:
             start = prefetch_at.get(t)
             row["copy_back_from"] = _op_text(trace, start) if start is not None else "on demand"

@@ -104,7 +104,7 @@ def test_command_parser_joins_continuations_and_drops_prompts() -> None:
     text = "```bash\n$ dqn-swap inspect a.trace \\\n    --json\necho no\n```\n```\ndqn-swap not-bash\n```\n"
     assert readme_commands(text) == ["dqn-swap inspect a.trace --json"]
     commands = readme_commands()
-    for sub in ("record", "inspect", "simulate", "plan", "compare", "run", "train", "finetune"):
+    for sub in ("record", "inspect", "simulate", "plan", "compare", "explain", "max-batch", "run", "train", "finetune"):
         assert any(c.split()[1] == sub for c in commands), sub
     assert any("--plan " in c and c.split()[1] == "run" for c in commands)
     assert not any("--planners all" in c and "--time-limit" not in c for c in commands)
@@ -142,7 +142,7 @@ def test_recording_and_planning_commands_run(tmp_path: Path) -> None:
     text = README.read_text()
     run_commands(readme_commands(text[:text.index("\n## Planned training")]), tmp_path)
     for name in ("r18.trace", "r18-plan.json", "llama-plan.json", "mixer.trace", "vgg16.trace",
-                 "comparison/compare.md", "comparison/compare.csv"):
+                 "comparison/compare.md", "comparison/compare.csv", "r18-plan-explained.png", "resnet18-max-batch.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     plan = json.loads((tmp_path / "r18-plan.json").read_text())
     assert plan["planner"] == "auto" and plan["actions"] and plan["settings"]["chosen"]

@@ -311,13 +311,13 @@ def planner_styles(planners: list[str]) -> dict[str, dict[str, Any]]:
     for pl in planners:
         i = order.index(pl)
         learned = pl in learned_kind or pl.startswith("dqn")  # the learned planners (the default among them) stand out
-        # Drawn in order, each marker smaller than the one before and on top of it: planners that
-        # share a point show as rings round one another instead of hiding each other.
-        j = planners.index(pl)
+        # Each marker smaller than the one before it in the registry and drawn on top of it: planners
+        # that share a point show as rings round one another instead of hiding each other.
+        share = min(i / max(len(registered()) - 1, 1), 1.0)
         styles[pl] = {"color": COLOURS[i % len(COLOURS)], "marker": MARKERS[i % len(MARKERS)],
                       "linestyle": LINESTYLES[(i // len(COLOURS)) % len(LINESTYLES)],
-                      "linewidth": 2.6 if learned else 1.2, "zorder": 2 + j / max(len(planners), 1),
-                      "markersize": 11 - 7 * j / max(len(planners) - 1, 1), "markerfacecolor": "none" if j % 2 else None,
+                      "linewidth": 2.6 if learned else 1.2, "zorder": 2 + share,
+                      "markersize": 12 - 8 * share, "markerfacecolor": "none" if i % 2 else None,
                       "markeredgewidth": 1.4}
     return styles
 

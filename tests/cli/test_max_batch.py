@@ -97,3 +97,15 @@ def test_max_batch_refuses_in_one_line(argv, message, tmp_path, monkeypatch, cap
     assert main(["max-batch", "resnet_tiny", "--no-plot", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_sequence_length_is_for_hugging_face_language_models_only():
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="only Hugging Face language models"):
+        build_workload("resnet_tiny", 2, seq_len=8)
+    with pytest.raises(ValueError, match="longer than the 128 positions"):
+        build_workload("hf:gpt2", 2, seq_len=129)
+    with pytest.raises(ValueError, match="takes no sequence length"):
+        build_workload("hf:vit", 2, seq_len=8)
+    w = build_workload("hf:gpt2", 2, seq_len=40)
+    assert tuple(w.example_inputs[0].shape) == (2, 40)
