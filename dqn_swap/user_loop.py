@@ -47,6 +47,16 @@ plan yet is recorded and planned (a short last batch, another sequence length), 
 decision is logged with one line (``new_shapes="plan"``, the default); ``new_shapes="refuse"``
 raises instead.  A plan of another signature is never followed.
 
+**Planning off the training thread.**  ``planning="background"`` plans each recorded
+iteration on a worker thread while training goes on: until its plan is ready, the steps of
+that signature run in safe mode (saved activations on the host, as in the recording: under
+the limit, slower by the copies), and the first step after it is ready follows it.  The
+default, ``"inline"``, plans on the training thread at the end of the recorded step (the
+default planner takes 4-25 s).  The planner is built on the training thread; on the worker it
+leaves the process's random generators and torch's thread count alone (both are shared with
+the training thread, whose dropout masks and float sums depend on them).
+:meth:`AutoPlan.wait_for_plans` waits for the plans under way.
+
 **Files.**  ``cache=DIR`` keeps every trace and plan in ``DIR`` (one pair per signature,
 ``index.json`` naming them); the next run starts planned from its first step.  Nothing
 there is overwritten: a signature already in the folder is read, never written again.
@@ -90,6 +100,7 @@ log = logging.getLogger("dqn_swap.autoplan")
 
 NEW_SHAPES = ("plan", "refuse")
 SHAPES = ("exact", "bucket")
+PLANNING = ("inline", "background")
 _RECORDING, _RECORDED = "autoplan.recording", "autoplan.recorded"  # allocator timeline marks
 #: Steps recorded, one after the other, once a step has left its plan, until one is a new variant: the
 #: step that left is over by then, and the next ones may be of the usual kind (a padded batch every
@@ -383,7 +394,8 @@ class _Recording:
 
 @dataclass
 class _StepState:
-    kind: str | None = None  # None until the model is called: "planned", "warmup", "record", "safe"
+    # None until the model is called: "planned", "warmup", "record", "safe", "waiting" (for its plan)
+    kind: str | None = None
     entry: Entry | None = None
     offload: contextlib.ExitStack | None = None
 
@@ -399,8 +411,9 @@ class AutoPlan:
         recorded: per recorded step (its number among the steps), the key of the entry it was
             planned as, or of the variant it was found to be again.
         step_signatures: per step, the key of its signature (``variants`` holds its plans).
-        last: the kind of the last step: ``"warmup"``, ``"record"``, ``"planned"``, or ``"safe"`` (a
-            signature whose recording made no valid trace runs in safe mode).
+        last: the kind of the last step: ``"warmup"``, ``"record"``, ``"planned"``, ``"safe"`` (a
+            signature whose recording made no valid trace runs in safe mode), or ``"waiting"`` (in
+            safe mode while its plan is made on the worker thread, ``planning="background"``).
         last_entry: the :class:`Entry` the last planned step followed.
     """
 
@@ -410,7 +423,7 @@ class AutoPlan:
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
                  verbose: bool = True, runtime_options: dict[str, Any] | None = None,
                  max_variants: int = MAX_VARIANTS, shapes: str = "bucket",
-                 tensorboard: str | Path | None = None, log_every: int = 10) -> None:
+                 tensorboard: str | Path | None = None, log_every: int = 10, planning: str = "inline") -> None:
         from .support import fsdp_param_groups, unsupported_reason
 
         if not isinstance(model, torch.nn.Module):
@@ -427,6 +440,8 @@ class AutoPlan:
             raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
         if shapes not in SHAPES:
             raise AutoPlanError(f"shapes={shapes!r}: one of {', '.join(SHAPES)}")
+        if planning not in PLANNING:
+            raise AutoPlanError(f"planning={planning!r}: one of {', '.join(PLANNING)}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         from .checks import expect, expect_path
@@ -511,6 +526,10 @@ class AutoPlan:
 
         self.log_every = log_every
         self._scalars = ScalarLog(tensorboard) if tensorboard is not None else None
+        self.background = planning == "background"
+        self._worker: Any = None  # the planning thread (a one-worker executor), made at its first plan
+        self._jobs: dict[str, tuple[Any, str, Any]] = {}  # signature key -> (future, description, install)
+        self.waiting_steps = 0  # steps run in safe mode while their signature's plan was being made
         self._root_hook = model.register_forward_pre_hook(self._root_call, with_kwargs=True, prepend=True)
         self._opt_hooks = ((optimizer.register_step_pre_hook(self._optimizer_pre),
                             optimizer.register_step_post_hook(self._optimizer_post))
@@ -559,6 +578,12 @@ class AutoPlan:
         key, desc = signature(module, args, kwargs, optimizer=self.optimizer, buckets=self.buckets)
         key += self.plan_key
         self.step_signatures[self.steps] = key
+        if self._jobs:
+            self._collect()
+        if key in self._jobs:  # its plan is being made on the worker: this step in safe mode
+            state.kind = "waiting"
+            state.offload = self._host_offload()
+            return None
         variants = self.variants.get(key)
         if variants and self.new_shapes == "refuse":
             self._shapes.add(signature(module, args, kwargs, shapes_only=True)[0])
@@ -600,17 +625,21 @@ class AutoPlan:
             if state.kind == "warmup":
                 self._note(f"step {self.steps}: warm-up ({desc}): saved activations on the host while the "
                            "optimizer creates its state")
-            stack = contextlib.ExitStack()
-            from .runtime import HostOffload
-
-            hooks = HostOffload(self.device, self._persistent())
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack))
-            state.offload = stack
+            state.offload = self._host_offload()
             return None
         state.kind = "record"
         self._note(f"step {self.steps}: recording the iteration for {desc} (saved activations on the host)")
         self._start_recording(module, args, kwargs, key, desc)
         return None
+
+    def _host_offload(self) -> contextlib.ExitStack:
+        """Every saved activation to the host until backward needs it (warm-up, safe mode)."""
+        from .runtime import HostOffload
+
+        stack = contextlib.ExitStack()
+        hooks = HostOffload(self.device, self._persistent())
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack))
+        return stack
 
     def _end_step(self, state: _StepState, ok: bool) -> None:
         self.steps += 1
@@ -625,11 +654,13 @@ class AutoPlan:
             rt.__exit__(*exc) if not ok else rt.__exit__(None, None, None)
             if ok:
                 self._count(state.entry, rt.stats)
-        elif state.kind in ("warmup", "safe"):
+        elif state.kind in ("warmup", "safe", "waiting"):
             assert state.offload is not None
             state.offload.close()
             if ok and state.kind == "warmup":
                 self._warm_pending = True
+            elif ok and state.kind == "waiting":
+                self.waiting_steps += 1
             elif ok:
                 self.safe_steps += 1
         elif state.kind == "record":
@@ -797,7 +828,7 @@ class AutoPlan:
             self._stop_forward_backward(self._recording)
             self._close(self._recording)
             self._recording = None
-        elif state.kind in ("warmup", "safe") and state.offload is not None:
+        elif state.kind in ("warmup", "safe", "waiting") and state.offload is not None:
             state.offload.close()
         elif state.kind == "planned" and state.entry is not None:
             state.entry.runtime.__exit__(None, None, None)
@@ -865,10 +896,13 @@ class AutoPlan:
             # the bytes now beside it.
             self._regrow.discard(same.key)
             self.recorded[rec.step] = same.key
-            same.trace, same.plan, same.runtime = trace, self._make_plan(trace, rec.description), None
-            self.replans += 1
-            self._note(f"variant {same.variant} of {rec.description} planned again for "
-                       f"{format_bytes(trace.outside_bytes)} beside it")
+
+            def regrown(plan: Plan) -> None:
+                same.trace, same.plan, same.runtime = trace, plan, None
+                self.replans += 1
+                self._note(f"variant {same.variant} of {rec.description} planned again for "
+                           f"{format_bytes(trace.outside_bytes)} beside it")
+            self._plan_then(rec.key, trace, rec.description, regrown)
             return
         if same is not None:
             self.recorded[rec.step] = same.key
@@ -877,18 +911,19 @@ class AutoPlan:
             self._note(f"the recorded step is variant {same.variant} of {rec.description} again: no new plan"
                        + (f" ({tries} more to record)" if tries > 0 else ""))
             return
-        plan = self._make_plan(trace, rec.description)
-        n = len(variants)
-        entry = Entry(rec.key if n == 0 else f"{rec.key}~{n}", rec.description, trace, plan, signature_key=rec.key,
-                      variant=n)
-        if n:
-            self._note(f"variant {n} of {rec.description}: another iteration of the same signature "
-                       f"({len(trace.saved)} saved tensors, {trace.n_ops} ops)")
-        variants.append(entry)
-        self.entries[entry.key] = entry
-        self.recorded[rec.step] = entry.key
-        if self.cache is not None:
-            self._save_entry(entry, self.cache)
+        def new_variant(plan: Plan) -> None:
+            n = len(variants)
+            entry = Entry(rec.key if n == 0 else f"{rec.key}~{n}", rec.description, trace, plan,
+                          signature_key=rec.key, variant=n)
+            if n:
+                self._note(f"variant {n} of {rec.description}: another iteration of the same signature "
+                           f"({len(trace.saved)} saved tensors, {trace.n_ops} ops)")
+            variants.append(entry)
+            self.entries[entry.key] = entry
+            self.recorded[rec.step] = entry.key
+            if self.cache is not None:
+                self._save_entry(entry, self.cache)
+        self._plan_then(rec.key, trace, rec.description, new_variant)
 
     def _grow(self, variants: list[Entry], trace: Trace, rec: _Recording) -> str | None:
         """``shapes="bucket"``: a recording of a variant's structure on other sizes is covered by the
@@ -907,29 +942,68 @@ class AutoPlan:
         if self.verbose:
             print(f"dqn-swap: a step of {rec.description} was larger than its plan's trace: planning the envelope",
                   file=sys.stderr, flush=True)
-        entry.trace, entry.plan, entry.runtime = wide, self._make_plan(wide, rec.description), None
-        self.replans += 1
-        self._note(f"variant {entry.variant} of {rec.description} widened to the envelope of "
-                   f"{wide.meta.get('envelope_of', 2)} recordings and planned again")
-        if self.cache is not None:
-            self._note("the cache keeps a bucket's first plan; the widened one is this run's")
+        def widened(plan: Plan) -> None:
+            entry.trace, entry.plan, entry.runtime = wide, plan, None
+            self.replans += 1
+            self._note(f"variant {entry.variant} of {rec.description} widened to the envelope of "
+                       f"{wide.meta.get('envelope_of', 2)} recordings and planned again")
+            if self.cache is not None:
+                self._note("the cache keeps a bucket's first plan; the widened one is this run's")
+        self._plan_then(rec.key, wide, rec.description, widened)
         return "widened"
 
     # ------------------------------------------------------------------ planning
-    def _make_plan(self, trace: Trace, desc: str) -> Plan:
+    def _plan_then(self, key: str, trace: Trace, desc: str, install: Any) -> None:
+        """Plan ``trace`` and ``install`` the plan: now, or (``planning="background"``) on the worker
+        thread, installed at the first step after it is ready (:meth:`_collect`)."""
+        if not self.background:
+            install(self._make_plan(trace, desc))
+            return
+        with _rng_untouched(self.device):
+            self._build_planner()  # here, not on the worker: building the DQN's network draws weights
+        if self._worker is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dqn-swap-planner")
+        self._note(f"step {self.steps}: planning {desc} in the background; its steps run in safe mode until the "
+                   "plan is ready")
+        self._jobs[key] = (self._worker.submit(self._make_plan, trace, desc, True), desc, install)
+
+    def _collect(self, wait: bool = False) -> None:
+        """Install the plans the worker has finished (all of them, waiting, with ``wait``); a planning
+        error is raised here, on the training thread."""
+        for key, (future, desc, install) in list(self._jobs.items()):
+            if not (wait or future.done()):
+                continue
+            del self._jobs[key]
+            install(future.result())
+
+    def wait_for_plans(self) -> None:
+        """Wait for the plans being made on the worker thread (``planning="background"``) and install
+        them; nothing to do otherwise."""
+        self._collect(wait=True)
+
+    def _build_planner(self) -> Any:
+        if self._planner is None:
+            from . import get_planner
+
+            self._planner = get_planner(self.planner_name, **self.planner_options)
+        return self._planner
+
+    def _make_plan(self, trace: Trace, desc: str, worker: bool = False) -> Plan:
         limit = resolve_limit(trace, self.memory_limit)
         if self.verbose:
             print(f"dqn-swap: planning {desc} with {self.planner_name!r} at {format_bytes(limit)} ...",
                   file=sys.stderr, flush=True)
         # The planner's own tensors are host memory, beside the device even when the model trains on
-        # the cpu (a benchmark measuring the run from the allocator leaves them out).
-        with _rng_untouched(self.device), AllocatorTimeline.aside():  # the user's random streams (dropout masks) are not the planner's
-            if self._planner is None:  # (building the DQN's network draws its initial weights)
-                from . import get_planner
-
-                self._planner = get_planner(self.planner_name, **self.planner_options)
+        # the cpu (a benchmark measuring the run from the allocator leaves them out).  On the worker
+        # thread neither applies: the random generators and the timeline's windows are the process's,
+        # shared with the training thread, and the planner was built before (_plan_then).
+        with (contextlib.nullcontext() if worker else _rng_untouched(self.device)), \
+                (contextlib.nullcontext() if worker else AllocatorTimeline.aside()):
+            planner = self._build_planner()
             start = time.thread_time()
-            plan = self._planner.plan(trace, limit)
+            plan = planner.plan(trace, limit)
             self.planning_seconds += time.thread_time() - start
         feasible = bool(plan.figures.get("feasible", True))
         self._note(f"planned {desc} with {self.planner_name!r} at {format_bytes(limit)}: {plan.n_swap} swaps, "
@@ -937,7 +1011,7 @@ class AutoPlan:
                    f"{100 * float(plan.figures.get('overhead', 0.0)):.1f} %"
                    + ("" if feasible else " (INFEASIBLE)"))
         if not feasible and not self.allow_infeasible:
-            fallback = self._fallback_plan(trace, limit, desc)
+            fallback = self._fallback_plan(trace, limit, desc, worker)
             if fallback is not None:
                 return fallback
             from .simulator import simulate
@@ -950,7 +1024,7 @@ class AutoPlan:
                                 "higher limit, or pass allow_infeasible=True to run it anyway")
         return plan
 
-    def _fallback_plan(self, trace: Trace, limit: int, desc: str) -> Plan | None:
+    def _fallback_plan(self, trace: Trace, limit: int, desc: str, worker: bool = False) -> Plan | None:
         """A feasible plan of another planner where the chosen one found none (:data:`FALLBACK_PLANNERS`,
         in order), so that training goes on under the limit; None when none of them finds one."""
         from . import get_planner
@@ -958,7 +1032,8 @@ class AutoPlan:
         for name in FALLBACK_PLANNERS:
             if name == self.planner_name:
                 continue
-            with _rng_untouched(self.device), AllocatorTimeline.aside():
+            with (contextlib.nullcontext() if worker else _rng_untouched(self.device)), \
+                    (contextlib.nullcontext() if worker else AllocatorTimeline.aside()):
                 start = time.thread_time()
                 plan = get_planner(name).plan(trace, limit)
                 self.planning_seconds += time.thread_time() - start
@@ -1033,7 +1108,9 @@ class AutoPlan:
             write_atomically(index, (json.dumps(current, indent=1) + "\n").encode(), overwrite=True)
 
     def save(self, directory: str | Path) -> Path:
-        """Write every trace and plan made so far into ``directory`` (``cache=`` reads them back)."""
+        """Write every trace and plan made so far into ``directory`` (``cache=`` reads them back); plans
+        still being made on the worker thread are waited for."""
+        self.wait_for_plans()
         if self._pending is not None and self._pending.deferred:
             self._settle()
         for entry in self.entries.values():
@@ -1045,6 +1122,10 @@ class AutoPlan:
         """Take autoplan's hooks off the model and optimizer: later steps run unplanned."""
         if self._pending is not None and self._pending.deferred:
             self._settle()
+        if self._worker is not None:
+            self.wait_for_plans()
+            self._worker.shutdown()
+            self._worker = None
         self._root_hook.remove()
         for h in self._opt_hooks:
             h.remove()
@@ -1066,6 +1147,7 @@ class AutoPlan:
         out: dict[str, float | int] = {
             "dqn_swap/steps": self.steps, "dqn_swap/plans": len(self.entries),
             "dqn_swap/signatures": len(self.variants), "dqn_swap/safe_steps": self.safe_steps,
+            "dqn_swap/plans_under_way": len(self._jobs), "dqn_swap/waiting_steps": self.waiting_steps,
             "dqn_swap/planning_seconds": round(self.planning_seconds, 3)}
         entries = [e for e in self.entries.values() if e.followed or e.diverged]
         entry = self.last_entry or (entries[-1] if entries else None)
@@ -1083,6 +1165,7 @@ class AutoPlan:
     def summary(self) -> dict[str, Any]:
         return {"steps": self.steps, "planner": self.planner_name, "last": self.last, "log": list(self.log),
                 "record_peaks": dict(self.record_peaks), "safe_steps": self.safe_steps, "replans": self.replans,
+                "waiting_steps": self.waiting_steps,
                 "planning_seconds": round(self.planning_seconds, 3),
                 "variants": {k: len(v) for k, v in self.variants.items()},
                 "plans": {k: {"signature": e.description, "variant": e.variant, "followed": e.followed,
@@ -1134,6 +1217,8 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
             ``"exact"``: a plan per set of shapes.
         **options: ``profile`` (device profile for op times), ``planner_options``,
             ``runtime_options`` (for :class:`~dqn_swap.runtime.PlannedExecution`), ``verbose``,
+            ``planning`` (``"inline"``, or ``"background"``: plans made on a worker thread while
+            the steps waiting for them run in safe mode; module docstring),
             ``tensorboard`` (a folder: :meth:`AutoPlan.figures` written there as TensorBoard scalars
             every ``log_every`` steps, default 10, and when the hooks come off).
     """

@@ -69,6 +69,33 @@ def test_the_installed_wheel_records_plans_and_trains_from_another_folder(wheel:
     assert json.loads((work / "sim.json").read_text())["feasible"] and (work / "cmp" / "compare.md").exists()
 
 
+def test_the_sdist_holds_the_tree_and_builds_a_wheel_of_the_same_files(wheel: Path, tmp_path: Path) -> None:
+    """The source distribution, built from a copy of the sources, has every module, the shipped
+    agents and the plan schema; the wheel pip builds from it (as it does for a release's sdist)
+    holds the same files as the one built from the tree."""
+    import tarfile
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "runs",
+                                                             "__pycache__", ".whl", "results"))
+    subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                    "b.build_sdist(sys.argv[1])", str(tmp_path)], cwd=src, check=True, capture_output=True)
+    sdist = next(tmp_path.glob("dqn_swap-*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    for folder in ("dqn_swap", "env", "agents", "checkpoints"):
+        for path in (ROOT / folder).rglob("*.py"):
+            assert path.relative_to(ROOT).as_posix() in names, f"{path.relative_to(ROOT)} is not in the sdist"
+    assert {"pyproject.toml", "README.md", "checkpoints/default.pt", "checkpoints/grid/resnet50.pt"} <= names
+    built = tmp_path / "from_sdist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(built), str(next((tmp_path / "unpacked").iterdir()))],
+                   check=True, capture_output=True)
+    again = next(built.glob("dqn_swap-*.whl"))
+    assert set(zipfile.ZipFile(again).namelist()) == set(zipfile.ZipFile(wheel).namelist())
+
+
 def test_the_wheel_has_one_top_level_package_and_the_agents(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.startswith("dqn_swap-")}

@@ -77,7 +77,16 @@ def torch_threads(n: int | None) -> Iterator[None]:
     The graphs are small (hundreds to ~10^4 nodes, p = 32): one thread is as
     fast as several on an idle machine, and several threads spin and thrash
     on a busy one (3-5x slower measured beside two other jobs on two cores).
+
+    Off the main thread (``autoplan(..., planning="background")`` plans on a worker) torch's
+    setting is left alone: it is the process's, and the training thread's kernels, whose float
+    sums depend on the number of threads, would run with it meanwhile.
     """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(max(int(n or 1), 1))
     try:
