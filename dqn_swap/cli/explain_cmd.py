@@ -46,8 +46,11 @@ def find_trace(plan_path: Path, fingerprint: str):  # noqa: ANN201
     from ..trace import Trace, TraceError
 
     seen = 0
+    # autoplan's cache names a signature's files KEY.trace and KEY.plan.json: that one first
+    stem = plan_path.name.removesuffix(".json").removesuffix(".plan")
+    likely = [plan_path.with_name(stem + ".trace")]
     for folder in dict.fromkeys([plan_path.parent, Path(".")]):
-        for candidate in sorted(folder.glob("*.trace")):
+        for candidate in [c for c in likely if c.parent == folder and c.is_file()] + sorted(folder.glob("*.trace")):
             if seen >= SEARCHED_TRACES:
                 break
             seen += 1

@@ -149,6 +149,12 @@ def test_explain_refuses_in_one_line(tmp_path, monkeypatch, capsys, mlp_trace, t
     assert main(["explain", "p.json", "--trace", "mlp.trace", "--no-plot"]) == 2
     assert "made for trace" in capsys.readouterr().err
     assert main(["explain", "p.json", "--depth", "0", "--no-plot"]) == 2
+    # autoplan's cache: KEY.trace beside KEY.plan.json is found first
+    Path("cache").mkdir()
+    tiny_resnet_trace.save("cache/k1.trace")
+    _plan(tiny_resnet_trace, "40%").save("cache/k1.plan.json")
+    assert main(["explain", "cache/k1.plan.json", "--no-plot", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trace"] == "cache/k1.trace"
     Path("user.png").write_bytes(b"mine")
     tiny_resnet_trace.save("r.trace")
     assert main(["explain", "p.json", "--plot", "user.png"]) == 2
