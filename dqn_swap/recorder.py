@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -79,6 +80,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline, gradient_bytes
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, node_name, op_name
+from .threads import this_thread_only
 from .support import (local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients, unsharded_storages,
                       unsupported_reason)
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder
@@ -767,7 +769,13 @@ class _ModuleTracker(ModuleTracker):
     peak by 24 %.  Their ops are named by the module all the same (the forward hooks still mark
     it); their gradients never come."""
 
+    def __enter__(self) -> "_ModuleTracker":
+        self._thread = threading.get_ident()  # its forward hooks are the process's (dqn_swap.threads)
+        return super().__enter__()
+
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:  # noqa: A002
+        if threading.get_ident() != getattr(self, "_thread", None):
+            return  # a module called on another thread (a planner's network, planning meanwhile)
         name = self._get_mod_name(mod)
         self._get_append_fn(name, False)()
         if torch._C._current_graph_task_id() != -1:  # a recomputation inside backward
@@ -777,6 +785,8 @@ class _ModuleTracker(ModuleTracker):
             self._hooks.extend(_multi_grad_hook(tensors, self._get_pop_fn(name, True)))
 
     def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:  # noqa: A002
+        if threading.get_ident() != getattr(self, "_thread", None):
+            return
         name = self._get_mod_name(mod)
         self._get_pop_fn(name, False)()
         if torch._C._current_graph_task_id() != -1:
@@ -867,7 +877,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
         if recorder.active and recorder.phase == Phase.FORWARD and not isinstance(module, _WRAPPERS):
             recorder.b.mark_module_call()
 
-    calls = torch.nn.modules.module.register_module_forward_pre_hook(module_call)
+    calls = torch.nn.modules.module.register_module_forward_pre_hook(this_thread_only(module_call))
     with _ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
             recorder.pack, recorder.unpack), contextlib.closing(_Removing(calls)):
         recorder.tracker = tracker

@@ -98,6 +98,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..threads import this_thread_only
 from ..limits import LimitSpec, resolve_limit
 from ..meter import gradient_bytes
 from ..ops import node_name
@@ -690,8 +691,9 @@ class _Iteration:
                         self.pending_borrowed.append((group, self.pack_op[k]))
                         if self.module_done_hook is None:
                             mod = torch.nn.modules.module
-                            self.module_done_hook = (mod.register_module_forward_pre_hook(self.module_done),
-                                                     mod.register_module_forward_hook(self.module_done))
+                            done = this_thread_only(self.module_done)
+                            self.module_done_hook = (mod.register_module_forward_pre_hook(done),
+                                                     mod.register_module_forward_hook(done))
                     self.stats.swapped_bytes += nbytes
                     if rt.track_storages:
                         self.stats.source_refs.append(StorageWeakRef(storage))
@@ -1162,7 +1164,7 @@ class PlannedExecution:
             else:
                 # Ops are numbered from the module calls of the forward pass (the trace's anchors);
                 # a data-parallel wrapper's own work comes before the wrapped module's call.
-                self._hook = torch.nn.modules.module.register_module_forward_pre_hook(it.module_call)
+                self._hook = torch.nn.modules.module.register_module_forward_pre_hook(this_thread_only(it.module_call))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
