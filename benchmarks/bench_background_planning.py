@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         r["bit_identical"] = same(base, r)
         rows[mode] = {k: v for k, v in r.items() if k not in ("losses", "state", "opt")}
         print(mode, rows[mode], file=sys.stderr, flush=True)
-    result = {"machine": machine(), **commit(),
+    result = {"machine": machine(), **commit(), "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(["python", "benchmarks/bench_background_planning.py", *(argv or sys.argv[1:])]),
               "steps": args.steps, "sizes": args.sizes, "limit": args.limit, "planner": args.planner,
               "depth": args.depth,
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_text(Path(args.json), json.dumps(relative_paths(result), indent=1) + "\n", overwrite=True)
         lines = [f"Command: `{result['command']}`", "", f"Commit: {result['commit']}", "",
-                 f"Machine: {result['machine']}; torch with one intra-op thread, the planner on the second core.",
+                 f"Machine: {result['machine']}; torch with one intra-op thread; the planner on a second thread of the same process, which shares Python's interpreter lock with the training thread.",
                  "", f"{args.steps} steps of a residual MLP of {args.depth} blocks, batch sizes {args.sizes} in turn "
                  f"(each its own signature), limit {args.limit}, planner {args.planner}; a first run in the same "
                  "process compiled the simulator's kernels and read the agent.", "",

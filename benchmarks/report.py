@@ -149,6 +149,9 @@ CATALOG: tuple[Entry, ...] = (
           "simulated peak", "memory"),
     Entry("autoplan_overhead_cpu", "autoplan's step time against PlannedExecution and unplanned training",
           "autoplan"),
+    Entry("background_planning_cpu", "autoplan planning on a worker thread against planning inline, in a loop "
+          "of three batch shapes: loop time, the longest step, steps waiting in safe mode, bit-identity",
+          "background"),
     Entry("varying_loops_cpu", "Planned training on Hugging Face, PyG and custom models in the loops users write "
           "(padding, held outputs, accumulation, parameter groups added midway, retain_graph, bf16) through autoplan, "
           "the Trainer callback and PlannedExecution: stops, steps over the limit, bit-identity, variants; shapes "
@@ -227,6 +230,9 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("memory", "Planned training's memory (CPU)",
      "Measured peak from the allocator's timeline against the limit and the plan's prediction."),
     ("autoplan", "`autoplan`'s cost", "CPU seconds of one thread per step, the methods interleaved."),
+    ("background", "Planning off the training thread",
+     "`autoplan(..., planning=\"background\")` against the default, planning inline; wall seconds, the modes one "
+     "after the other in one warm process."),
     ("varying", "Loops that vary (CPU)",
      "Every step measured from one allocator timeline over the whole run (the step's start included), against "
      "the limit of the plan it followed; training's state against unplanned training of the same loop."),
@@ -512,7 +518,8 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
     "host": s_md("runtime_host_cpu"),
-    "autoplan": s_md("autoplan_overhead_cpu"), "clock": s_md("virtual_clock_cpu"),
+    "autoplan": s_md("autoplan_overhead_cpu"), "background": s_md("background_planning_cpu"),
+    "clock": s_md("virtual_clock_cpu"),
     "varying": s_md("varying_loops_cpu"), "user": s_md("user_baselines"), "gpu": s_gpu, "record": s_md("record"),
 }
 
