@@ -1184,7 +1184,31 @@ def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim
     recorder.accumulate_in_place(recorder.fill_in_place())
 
 
-def carry_held_outputs(recorder: _Recorder, released_at: int) -> int:
+def inputs_held_by(recorder: _Recorder, outputs: list[torch.Tensor]) -> set[int]:
+    """The iteration's input storages that the autograd graph of ``outputs`` (the model's outputs,
+    still held by the loop as the iteration ends) keeps alive: a leaf made from the batch sits in
+    the graph's ``AccumulateGrad`` node.  wav2vec2's feature encoder sets ``requires_grad`` on a
+    view of its input so that checkpointing works; a held ``out.loss`` then keeps the previous
+    step's batch, and the gradient made for that view, alive into the next step."""
+    b = recorder.b
+    held: set[int] = set()
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        var = getattr(fn, "variable", None)  # AccumulateGrad's leaf
+        if isinstance(var, torch.Tensor):
+            tid = recorder.live.get(var.untyped_storage()._cdata)
+            if tid is not None and b.t_alloc[tid] < 0 and b.t_role[tid] == Role.INPUT:
+                held.add(tid)
+        stack.extend(f for f, _ in fn.next_functions)
+    return held
+
+
+def carry_held_outputs(recorder: _Recorder, released_at: int, outputs: list[torch.Tensor] = ()) -> int:
     """Storages made in the recorded iteration that the training loop still holds when it ends
     (``out = model(**batch)`` kept past ``optimizer.step()``): in a loop, the previous step's
     held outputs are alive when the next step begins, until the name holding them is bound again
@@ -1193,6 +1217,9 @@ def carry_held_outputs(recorder: _Recorder, released_at: int) -> int:
     (the forward pass's last op); the iteration's own held outputs outlive it.  Gradients and
     optimizer state are the model's state, not outputs.  Returns the bytes carried (0: none held).
 
+    The batch itself is carried too where the held outputs' graph keeps it (``outputs``, the
+    model's output tensors: :func:`inputs_held_by`): the next step's batch then sits beside it.
+
     Held outputs that are not let go at the next call (kept in a list) make every step begin
     with more bytes than the trace: :mod:`dqn_swap.user_loop` sees that at the step's start."""
     b = recorder.b
@@ -1200,6 +1227,7 @@ def carry_held_outputs(recorder: _Recorder, released_at: int) -> int:
     state = (Role.GRADIENT, Role.OPTIMIZER_STATE, Role.PARAMETER, Role.HIDDEN)
     carried = sum(b.t_nbytes[t] for t in range(len(b.t_nbytes))
                   if b.t_alloc[t] >= 0 and b.t_free[t] == -1 and b.t_held[t] == n and b.t_role[t] not in state)
+    carried += sum(b.t_nbytes[t] for t in inputs_held_by(recorder, list(outputs))) if carried else 0
     if carried and 0 <= released_at < n:
         t = b.tensor(carried, Role.HIDDEN, preexisting=True)
         b.free_at(t, released_at)

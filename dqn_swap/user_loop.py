@@ -73,6 +73,7 @@ import json
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +83,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten_with_path
+from torch.utils._pytree import tree_flatten, tree_flatten_with_path
 from torch.utils.module_tracker import ModuleTracker
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
@@ -385,6 +386,7 @@ class _Recording:
     batch_size: int | None = None  # batch_size_of the call; None where it is ambiguous
     forward_end: int = -1  # the forward pass's last op: where the root module returned
     layout: tuple = ()  # the optimizer's layout as the recorded step began (optimizer_layout)
+    outputs: list = field(default_factory=list)  # weak references to the model's output tensors
     step: int = -1  # the step recorded (AutoPlan.steps as it began)
     deferred: bool = False  # the optimizer's step is recorded; the trace is built as the next step begins
     discard: bool = False  # not a steady-state iteration: closed without a trace
@@ -734,6 +736,8 @@ class AutoPlan:
         def returned(mod: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             if rec.forward_end < 0:  # where the loop's name for the previous step's outputs is bound again
                 rec.forward_end = len(recorder.b.ops) - 1
+                # weakly: whether the loop still holds them as the step ends is what carry_held_outputs asks
+                rec.outputs = [weakref.ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
         rec.stack.enter_context(contextlib.closing(_Handle(module.register_forward_hook(returned, with_kwargs=True))))
         self._recording = rec
@@ -846,7 +850,9 @@ class AutoPlan:
             peak = max(int(recorder.iteration_peak), int(torch.cuda.max_memory_allocated(self.device))) \
                 - rec.start_bytes
         _end_iteration(recorder, self.model, self.optimizer)
-        carried = carry_held_outputs(recorder, rec.forward_end)
+        outputs = [t for t in (r() for r in rec.outputs) if t is not None]
+        carried = carry_held_outputs(recorder, rec.forward_end, outputs)
+        del outputs
         self._close(rec)
         _end_scratch(recorder, rec.timeline)
         if rec.timeline is not None:

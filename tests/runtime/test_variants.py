@@ -437,3 +437,62 @@ def test_which_parameters_hold_gradients_is_part_of_the_signature() -> None:
     ref_model, ref_opt, _, ref_losses = run(None)
     assert losses == ref_losses
     assert_same_state(model, opt, ref_model, ref_opt)
+
+
+class LeafViewNet(nn.Module):
+    """Sets ``requires_grad`` on a view of its input, as wav2vec2's feature encoder does (so that
+    checkpointing works): the view is a leaf of the graph, and a held ``out["loss"]`` keeps it, its
+    gradient and the batch under it alive into the next step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp(nn.GELU, width=64, depth=3)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = x[:, None]
+        h.requires_grad = True
+        logits = self.net(h.squeeze(1))
+        return {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_a_batch_kept_by_the_held_outputs_graph_is_in_the_trace() -> None:
+    """The loop makes each batch inside the step and keeps ``out``: the previous step's batch lives
+    on through ``out["loss"]``'s graph until ``out`` is bound again.  The trace counts it with the
+    held outputs, so that its peak covers the unplanned step's, measured on the allocator's
+    timeline from before the batch is made; the planned steps stay under their limit."""
+    g = torch.Generator().manual_seed(0)
+    data = [{"x": torch.randn(256, 32, generator=g), "labels": torch.randint(0, 4, (256,), generator=g)}
+            for _ in range(6)]
+
+    def run(planned_kwargs: dict | None) -> tuple:
+        torch.manual_seed(0)
+        model = LeafViewNet()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        planned = autoplan(model, optimizer=opt, verbose=False, **planned_kwargs) if planned_kwargs else None
+        peaks, kinds, out = [], [], None
+        for item in data:
+            with AllocatorTimeline() as timeline:
+                batch = {k: v.clone() for k, v in item.items()}
+                with planned.step() if planned is not None else torch.enable_grad():
+                    out = model(**batch)
+                    out["loss"].backward()
+                del batch
+            peaks.append(timeline.peak)
+            kinds.append(planned.last if planned is not None else None)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return model, opt, planned, peaks, kinds
+
+    ref_model, ref_opt, _, ref_peaks, _ = run(None)
+    model, opt, planned, peaks, kinds = run({"memory_limit": "40%", "planner": "lru"})
+    assert_same_state(model, opt, ref_model, ref_opt)
+    (entry,) = planned.entries.values()
+    batch_bytes = 256 * 32 * 4 + 256 * 8
+    trace = entry.trace
+    held = trace.meta["held_outputs_bytes"]
+    assert held >= 256 * 4 * 4 + 256 * 32 * 4 * 2  # the logits, the view's gradient and the batch under it
+    # the trace's step, the new batch made inside it included, covers the unplanned step as measured
+    assert trace.peak_bytes - trace.initial_bytes + batch_bytes >= ref_peaks[-1]
+    for kind, peak in zip(kinds, peaks):
+        if kind == "planned":
+            assert trace.initial_bytes + peak - batch_bytes <= entry.plan.memory_limit, (peak, entry.plan.memory_limit)
