@@ -52,7 +52,19 @@ def largest_sizes(record: Recorder, memory: int, *, start: int = 1, cap: int = 1
         ``{"unplanned": n or None, "any_plan": n or None, "probes": k, "traces": {n: Trace},
         "capped": whether the cap was reached with the size still fitting}`` (None: not even
         ``start`` fits).
+
+    Raises:
+        TypeError: ``record`` is not callable.
+        ValueError: ``memory``, ``start`` or ``cap`` not a whole number from 1, or ``start > cap``.
     """
+    if not callable(record):
+        raise TypeError(f"record must be a function of the size that returns a Trace, not {type(record).__name__}")
+    for name, value in (("memory", memory), ("start", start), ("cap", cap)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number from 1, not {value!r}"
+                             + (" (bytes: MemoryLimit.parse('16GiB').value)" if name == "memory" else ""))
+    if start > cap:
+        raise ValueError(f"start ({start}) is above cap ({cap})")
     traces: dict[int, Trace] = {}
 
     def trace_at(n: int) -> Trace:

@@ -61,7 +61,7 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
     """Simulate ``plan`` on ``trace`` and describe it (module docstring).
 
     Args:
-        trace: the trace the plan was made for (``plan.check_trace`` is the caller's).
+        trace: the trace the plan was made for.
         plan: the plan.
         profile: device profile for the simulation (default: the plan's).
         depth: sum the actions per module path cut to this many parts (``layer1.0.conv1`` at
@@ -75,10 +75,18 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
         row per action, in forward order).
 
     Raises:
-        PlanError: from the caller's ``plan.check_trace`` when the plan is not for the trace.
+        TypeError: ``trace`` or ``plan`` of another type.
+        ValueError: ``depth`` below 1.
+        PlanError: the plan was not made for the trace.
     """
+    from .checks import expect
     from .simulator import simulate
 
+    expect(trace, Trace, "trace", what="a Trace (Trace.load(path) reads one)")
+    expect(plan, Plan, "plan", what="a Plan (Plan.load(path) reads one)")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"depth must be a whole number of module path parts, at least 1, not {depth!r}")
+    plan.check_trace(trace)
     prof = profile_of(trace, profile or plan.profile)
     result = simulate(trace, plan.actions, plan.memory_limit, prof, timeline=True)
     sched = result.schedule  # the simulation's own, at this profile (the plan's, at the plan's profile)

@@ -108,6 +108,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         torch.save(a, d / name)
     (d / "text.pt").write_text("nope")
     os.mkfifo(d / "fifo.trace")
+    os.mkfifo(d / "fifo.png")
+    (d / "user.png").write_bytes(b"a file of the user's, not a plot of ours")
+    os.symlink("nowhere.json", d / "dangling.json")
+    os.symlink("nowhere.png", d / "dangling.png")
     (d / "dir.trace").mkdir()
     del agent
     return d
@@ -301,6 +305,76 @@ def test_command_line(files: Path, capsys: pytest.CaptureFixture[str], monkeypat
     assert sorted(p.name for p in files.rglob("*")) == before, "something was left behind"
 
 
+# Every command that writes, against every kind of output a user can get wrong: refused in one line
+# before any work, with nothing left behind and nothing of the user's touched.
+WRITERS: dict[str, tuple[list[str], str, bool]] = {  # command -> (arguments before the output, option, a plot)
+    "record": (["record", "--model", "mlp_tiny", "--batch-size", "2"], "-o", False),
+    "plan": (["plan", TRACE, "-m", "50%", "--planner", "lru"], "-o", False),
+    "run": (["run", "--model", "mlp_tiny", "-m", "50%", "--device", "cpu", "--planner", "lru"], "-o", False),
+    "train": (["train", TRACE, "-m", "50%", "--steps", "5"], "-o", False),
+    "finetune": (["finetune", TRACE, "--from", AGENT, "--steps", "5"], "-o", False),
+    "inspect": (["inspect", TRACE], "--plot", True),
+    "explain": (["explain", PLAN, "--trace", TRACE], "--plot", True),
+    "max-batch": (["max-batch", "mlp_tiny", "--memory", "1MiB", "--planner", "lru"], "--plot", True),
+}
+ODD_OUTPUTS: list[tuple[str, str, bool, str]] = [  # (output, for a plot, --force, words)
+    ("", "", False, "the output's name is empty"),
+    (".", ".", False, "is a directory"),
+    ("sub/", "sub/", False, "ends with a separator"),
+    ("/dev/null", "/dev/null", True, "is not a regular file"),
+    ("fifo.trace", "fifo.png", True, "is not a regular file"),
+    (PLAN, "user.png", False, "already exists"),
+    ("dangling.json", "dangling.png", False, "is a link"),
+    ("nodir/out.json", "nodir/out.png", False, "does not exist"),
+]
+WRITE_CASES = [(cmd, out, plot_out, force, words) for cmd in WRITERS for out, plot_out, force, words in ODD_OUTPUTS]
+
+
+COMPARE_OUTPUTS = [("", "the folder's name is empty"), ("/dev/null", "is not a regular file (a device"),
+                   ("fifo.trace", "is not a regular file (a device"), (PLAN, "p.json: is a file"),
+                   ("dangling.json", "is a link to nothing"), ("nodir/sub", "its directory is missing")]
+WRITE_CASES += [("compare", out, out, False, words) for out, words in COMPARE_OUTPUTS]
+WRITERS["compare"] = (["compare", TRACE, "--planners", "lru", "--memory-limits", "50%"], "-o", False)
+
+
+@pytest.mark.parametrize("cmd,out,plot_out,force,words", WRITE_CASES,
+                         ids=[f"{c} {o or repr(o)}{' --force' if f else ''}" for c, o, _, f, _ in WRITE_CASES])
+def test_every_writer_refuses_every_odd_output(files: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch, cmd: str, out: str, plot_out: str,
+                                               force: bool, words: str) -> None:
+    monkeypatch.chdir(files)
+    args, option, plot = WRITERS[cmd]
+    before = {p.name: (p.is_symlink(), p.read_bytes() if p.is_file() and not p.is_symlink() else None)
+              for p in files.iterdir()}
+    code, err = cli([*args, option, plot_out if plot else out, *(["--force"] if force else [])], capsys)
+    line = err.strip()
+    assert code != 0 and "Traceback" not in err and "\n" not in line, err
+    assert words in line, line
+    after = {p.name: (p.is_symlink(), p.read_bytes() if p.is_file() and not p.is_symlink() else None)
+             for p in files.iterdir()}
+    assert after == before, "something was left behind or changed"
+
+
+@pytest.mark.parametrize("args", [
+    ["record", "--model", "mlp_tiny", "-o", "x.trace"], ["inspect", TRACE], ["simulate", TRACE, "-m", "50%"],
+    ["plan", TRACE, "-m", "50%", "-o", "x.json"], ["explain", PLAN], ["max-batch", "mlp_tiny", "--memory", "1GiB"],
+    ["compare", TRACE, "-o", "c"], ["train", TRACE, "-m", "50%", "-o", "a.pt"],
+    ["finetune", TRACE, "--from", AGENT, "-o", "b.pt"], ["run", "--model", "mlp_tiny", "-m", "50%"],
+    ["ensemble", AGENT, "-o", "e.pt"]], ids=lambda a: a[0])
+def test_every_command_with_standard_output_closed_says_so_and_does_nothing(
+        files: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Started with standard output closed (``>&-``, Python's ``sys.stdout`` is None): one line on
+    standard error, exit status 2, before any work (nothing written)."""
+    monkeypatch.chdir(files)
+    before = sorted(p.name for p in files.iterdir())
+    monkeypatch.setattr("sys.stdout", None)
+    code = main(args)
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "standard output is closed" in err, err
+    assert sorted(p.name for p in files.iterdir()) == before
+
+
 def test_unreadable_output_folder_fails_before_any_work(files: Path, capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() == 0:
@@ -408,7 +482,28 @@ def _type_cases(files: Path) -> list[tuple[str, Callable[[], Any], type[BaseExce
     def sgd(p: Any) -> torch.optim.Optimizer:
         return torch.optim.SGD(p, lr=0.1)
 
+    from dqn_swap.capacity import largest_sizes
+    from dqn_swap.explain import explain_plan
+    from dqn_swap.plan import PlanError
+
+    other = Trace.load(files / TRACE).replace(op_duration=trace.op_duration * 2)
     return [
+        ("explain_plan trace", lambda: explain_plan(str(files / TRACE), plan), TypeError,
+         "trace must be a Trace (Trace.load(path) reads one), not str"),
+        ("explain_plan plan", lambda: explain_plan(trace, str(files / PLAN)), TypeError,
+         "plan must be a Plan (Plan.load(path) reads one), not str"),
+        ("explain_plan depth", lambda: explain_plan(trace, plan, depth=0), ValueError, "depth must be a whole number"),
+        ("explain_plan another trace", lambda: explain_plan(other, plan), PlanError, "made for trace"),
+        ("largest_sizes record", lambda: largest_sizes("resnet50", 2**30), TypeError, "record must be a function"),
+        ("largest_sizes memory", lambda: largest_sizes(lambda n: trace, "16GiB"), ValueError,
+         "memory must be a whole number from 1, not '16GiB'"),
+        ("largest_sizes cap", lambda: largest_sizes(lambda n: trace, 2**30, start=8, cap=4), ValueError,
+         "start (8) is above cap (4)"),
+        ("autoplan planning", lambda: dqn_swap.autoplan(m, "50%", planning="later"), AutoPlanError,
+         "planning='later': one of inline, background"),
+        ("autoplan log_every", lambda: dqn_swap.autoplan(m, "50%", log_every=0), AutoPlanError,
+         "log_every=0: a whole number of steps"),
+        ("autoplan tensorboard", lambda: dqn_swap.autoplan(m, "50%", tensorboard=5), TypeError, "tensorboard"),
         ("autoplan model", lambda: dqn_swap.autoplan("model", "50%"), AutoPlanError, "torch.nn.Module, got str"),
         ("autoplan limit", lambda: dqn_swap.autoplan(m, [1, 2]), ValueError, "not a memory limit: [1, 2]"),
         ("autoplan limit tensor", lambda: dqn_swap.autoplan(m, torch.tensor(10**9)), ValueError,

@@ -433,9 +433,15 @@ def run(args: argparse.Namespace) -> int:
     traces = {}
     for path in args.traces:
         traces[Path(path).stem if Path(path).stem not in traces else path] = load_trace(path)
+    if not args.output.strip():
+        raise ValueError("-o: the folder's name is empty; give the folder the comparison is written to")
     folder = Path(args.output)
+    if folder.is_symlink() and not folder.is_dir():
+        raise FileExistsError(f"{folder}: is a link to {'a file' if folder.exists() else 'nothing'}; -o names the "
+                              "folder the comparison is written to")
     if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(f"{folder}: is a file; -o names the folder the comparison is written to")
+        kind = "a file" if folder.is_file() else "not a regular file (a device, a FIFO or a socket)"
+        raise NotADirectoryError(f"{folder}: is {kind}; -o names the folder the comparison is written to")
     if folder.exists():
         md_path = check_output(folder / "compare.md", args.force)
         csv_path = check_output(folder / "compare.csv", args.force)

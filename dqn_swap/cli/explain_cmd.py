@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth must be 1 or more, not {args.depth}")
     plot = None
     if not args.no_plot:
-        plot = check_output(Path(args.plot) if args.plot else
+        plot = check_output(args.plot if args.plot is not None else
                             Path(args.plan).with_name(Path(args.plan).stem + "-explained.png"), args.force, png=True)
     plan = Plan.load(args.plan)
     if args.trace:

@@ -31,8 +31,10 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     summary = {"trace": args.trace, **trace.summary()}
     if not args.no_plot:
-        path = Path(args.plot) if args.plot else Path(args.trace).with_name(Path(args.trace).stem + "-memory.png")
-        memory_plot(trace, check_output(path, args.force, png=True))
+        # the name as given (a Path would drop a trailing separator, which names a folder)
+        path = check_output(args.plot if args.plot is not None else
+                            Path(args.trace).with_name(Path(args.trace).stem + "-memory.png"), args.force, png=True)
+        memory_plot(trace, path)
         summary["plot"] = str(path)
     if args.json:
         print_json(summary)

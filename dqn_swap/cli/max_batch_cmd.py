@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     check_settings_apply([args.planner], search_seconds=args.search_seconds)
     plot = None
     if not args.no_plot:
-        plot = check_output(Path(args.plot) if args.plot else
+        plot = check_output(args.plot if args.plot is not None else
                             Path(f"{args.model.replace(':', '_').replace('/', '_')}-max-batch.png"), args.force, png=True)
     profile = get_profile(args.profile)
     cap = args.cap

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..plots import check_output
 
-    output = check_output(args.output or f"{args.model.replace(':', '_')}-b{args.batch_size}.trace", args.force)
+    output = check_output(args.output if args.output is not None else
+                          f"{args.model.replace(':', '_')}-b{args.batch_size}.trace", args.force)
     if args.device == "cuda":
         import torch
 

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown device profile {args.profile!r}; choose one of: measured, {', '.join(PROFILES)}")
     from ..plots import check_output
 
-    out = check_output(args.output, args.force) if args.output else None
+    out = check_output(args.output, args.force) if args.output is not None else None
     if plan is None:
         from dqn_swap.agents import get_planner
 
