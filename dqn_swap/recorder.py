@@ -1184,16 +1184,30 @@ def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim
     recorder.accumulate_in_place(recorder.fill_in_place())
 
 
-def inputs_held_by(recorder: _Recorder, outputs: list[torch.Tensor]) -> set[int]:
-    """The iteration's input storages that the autograd graph of ``outputs`` (the model's outputs,
-    still held by the loop as the iteration ends) keeps alive: a leaf made from the batch sits in
-    the graph's ``AccumulateGrad`` node.  wav2vec2's feature encoder sets ``requires_grad`` on a
-    view of its input so that checkpointing works; a held ``out.loss`` then keeps the previous
-    step's batch, and the gradient made for that view, alive into the next step."""
+def _held_by_outputs(recorder: _Recorder, outputs: list[torch.Tensor]) -> tuple[set[int], set[int]]:
+    """What the model's ``outputs`` (still held by the loop as the iteration ends) keep: the tensor
+    ids of their storages and of their autograd graph's leaves and the leaves' gradients (made in
+    the iteration), and apart the iteration's input storages among those leaves.  A leaf made from
+    the batch sits in the graph's ``AccumulateGrad`` node: wav2vec2's feature encoder sets
+    ``requires_grad`` on a view of its input so that checkpointing works, and a held ``out.loss``
+    then keeps the previous step's batch, and the gradient made for that view, alive into the next
+    step."""
     b = recorder.b
-    held: set[int] = set()
+    made: set[int] = set()
+    inputs: set[int] = set()
+
+    def note(t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            tid = recorder.live.get(local_tensor(t).untyped_storage()._cdata)
+            if tid is not None:
+                (inputs if b.t_alloc[tid] < 0 and b.t_role[tid] == Role.INPUT else made).add(tid)
+
     seen: set[int] = set()
-    stack = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    stack = []
+    for t in outputs:
+        note(t)
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+            stack.append(t.grad_fn)
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
@@ -1201,14 +1215,13 @@ def inputs_held_by(recorder: _Recorder, outputs: list[torch.Tensor]) -> set[int]
         seen.add(id(fn))
         var = getattr(fn, "variable", None)  # AccumulateGrad's leaf
         if isinstance(var, torch.Tensor):
-            tid = recorder.live.get(var.untyped_storage()._cdata)
-            if tid is not None and b.t_alloc[tid] < 0 and b.t_role[tid] == Role.INPUT:
-                held.add(tid)
+            note(var)
+            note(var.grad)
         stack.extend(f for f, _ in fn.next_functions)
-    return held
+    return made, inputs
 
 
-def carry_held_outputs(recorder: _Recorder, released_at: int, outputs: list[torch.Tensor] = ()) -> int:
+def carry_held_outputs(recorder: _Recorder, released_at: int, outputs: list[torch.Tensor] | None = None) -> int:
     """Storages made in the recorded iteration that the training loop still holds when it ends
     (``out = model(**batch)`` kept past ``optimizer.step()``): in a loop, the previous step's
     held outputs are alive when the next step begins, until the name holding them is bound again
@@ -1217,21 +1230,34 @@ def carry_held_outputs(recorder: _Recorder, released_at: int, outputs: list[torc
     (the forward pass's last op); the iteration's own held outputs outlive it.  Gradients and
     optimizer state are the model's state, not outputs.  Returns the bytes carried (0: none held).
 
-    The batch itself is carried too where the held outputs' graph keeps it (``outputs``, the
-    model's output tensors: :func:`inputs_held_by`): the next step's batch then sits beside it.
+    With ``outputs`` (the model's output tensors, :func:`_held_by_outputs`), only what they keep
+    is let go where the model returns, the batch their graph keeps included; whatever else the
+    loop holds (a clipped gradient norm, a running loss: a Hugging Face ``Trainer`` keeps both) is
+    bound again somewhere later in the next step, so it is carried to the step's end.
 
     Held outputs that are not let go at the next call (kept in a list) make every step begin
     with more bytes than the trace: :mod:`dqn_swap.user_loop` sees that at the step's start."""
     b = recorder.b
     n = len(b.ops)
     state = (Role.GRADIENT, Role.OPTIMIZER_STATE, Role.PARAMETER, Role.HIDDEN)
-    carried = sum(b.t_nbytes[t] for t in range(len(b.t_nbytes))
-                  if b.t_alloc[t] >= 0 and b.t_free[t] == -1 and b.t_held[t] == n and b.t_role[t] not in state)
-    carried += sum(b.t_nbytes[t] for t in inputs_held_by(recorder, list(outputs))) if carried else 0
-    if carried and 0 <= released_at < n:
-        t = b.tensor(carried, Role.HIDDEN, preexisting=True)
+    held = [t for t in range(len(b.t_nbytes))
+            if b.t_alloc[t] >= 0 and b.t_free[t] == -1 and b.t_held[t] == n and b.t_role[t] not in state]
+    if not held:
+        return 0
+    early, late = held, []
+    inputs: set[int] = set()
+    if outputs is not None:
+        made, inputs = _held_by_outputs(recorder, outputs)
+        early, late = [t for t in held if t in made], [t for t in held if t not in made]
+    carried_early = sum(b.t_nbytes[t] for t in early) + sum(b.t_nbytes[t] for t in inputs)
+    carried_late = sum(b.t_nbytes[t] for t in late)
+    if carried_early and 0 <= released_at < n:
+        t = b.tensor(carried_early, Role.HIDDEN, preexisting=True)
         b.free_at(t, released_at)
-    return int(carried)
+    if carried_late and n:
+        t = b.tensor(carried_late, Role.HIDDEN, preexisting=True)
+        b.free_at(t, n - 1)
+    return int(carried_early + carried_late)
 
 
 def _end_scratch(recorder: _Recorder, timeline: AllocatorTimeline | None) -> None:
