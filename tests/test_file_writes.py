@@ -286,3 +286,67 @@ def test_temporary_files_a_killed_writer_left_are_removed_at_the_next_write(tmp_
     write_text(tmp_path / "plan.json", "{}")
     assert not stale.exists() and running.exists() and other.exists()
     assert (tmp_path / "plan.json").read_text() == "{}"
+
+
+KILL_AT = {  # where the writer dies: (what is patched, whether the real call runs before the kill)
+    "before writing the temporary file": ("os.fdopen", False),
+    "before moving it into place": ("move", False),
+    "right after moving it into place": ("move", True),
+}
+KILLED_WRITER = r"""
+import os, signal, sys
+import dqn_swap.files as files
+where, after, overwrite = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+def killing(real):
+    def call(*a, **k):
+        if after:
+            real(*a, **k)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return call
+if where == "os.fdopen":
+    files.os.fdopen = killing(os.fdopen)
+elif overwrite:
+    files.os.replace = killing(os.replace)
+else:
+    files.link_new = killing(files.link_new)
+files.write_atomically("out.json", b"new contents", overwrite=overwrite)
+"""
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["new file", "replacing one"])
+@pytest.mark.parametrize("point", list(KILL_AT))
+def test_kill_9_at_every_point_of_a_write_leaves_the_old_file_or_the_new_one_whole(tmp_path: Path, point: str,
+                                                                                  overwrite: bool) -> None:
+    """SIGKILL at each point of ``write_atomically``: the name holds the old contents (or nothing)
+    or the new ones whole, never a part; the next write to the name works and leaves no temporary
+    file behind."""
+    if overwrite:
+        (tmp_path / "out.json").write_bytes(b"old contents")
+    patched, after = KILL_AT[point]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.run([sys.executable, "-c", KILLED_WRITER, patched, "1" if after else "0", "1" if overwrite else "0"],
+                       cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    assert p.returncode == -9, p.stderr
+    target = tmp_path / "out.json"
+    now = target.read_bytes() if target.exists() else None
+    allowed = {b"new contents"} if after else ({b"old contents"} if overwrite else {None})
+    assert now in allowed, (point, now)
+    from dqn_swap.files import write_atomically
+
+    write_atomically(target, b"next", overwrite=True)
+    assert target.read_bytes() == b"next"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.json"]  # the killed writer's temporary file is gone
+
+
+def test_a_killed_comparison_leaves_its_staging_folder_to_the_next_run(tmp_path: Path) -> None:
+    """kill -9 while ``compare`` puts its outputs in place: what it had linked stays, its staging
+    folder is removed by the next run into the folder, and that run writes its outputs whole."""
+    from dqn_swap.cli import compare_cmd
+
+    stale = tmp_path / f".compare.{2**22 + 12345}.abcdefgh"  # a pid no process has
+    stale.mkdir()
+    (stale / "compare.md").write_text("half")
+    mine = tmp_path / f".compare.{os.getpid()}.running"  # a running writer's: kept
+    mine.mkdir()
+    compare_cmd._clean_stale_stages(tmp_path)
+    assert not stale.exists() and mine.exists()

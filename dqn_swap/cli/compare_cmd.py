@@ -371,6 +371,23 @@ def plot_comparison(rows: list[dict[str, Any]], folder: Path, force: bool) -> li
     return paths
 
 
+def _clean_stale_stages(folder: Path) -> None:
+    """Remove the staging folders (``.compare.PID.XXXXXXXX``) of earlier runs killed before they
+    finished; a running one's are kept, and nothing is followed."""
+    import shutil
+
+    from ..files import _alive
+
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.startswith(".compare.") and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for e in entries:
+        pid = e.name.split(".")[2] if e.name.count(".") >= 3 else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(e.path, ignore_errors=True)
+
+
 def _write_outputs(folder: Path, made_folder: bool, md_path: Path, csv_path: Path, table: str, csv_text: str,
                    rows: list[dict[str, Any]], force: bool = False) -> list[Path]:
     """Write the table, the CSV and the plots as one: all into a staging folder beside them, then
@@ -384,7 +401,8 @@ def _write_outputs(folder: Path, made_folder: bool, md_path: Path, csv_path: Pat
 
     from ..stop import outputs_together
 
-    stage = Path(tempfile.mkdtemp(prefix=".compare.", dir=folder))
+    _clean_stale_stages(folder)
+    stage = Path(tempfile.mkdtemp(prefix=f".compare.{os.getpid()}.", dir=folder))
     done = False
     try:
         with outputs_together(f"{md_path}, {csv_path} and the plots"):
