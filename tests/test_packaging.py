@@ -49,19 +49,32 @@ dqn-swap run --model mlp_tiny --batch-size 4 --device cpu -m 50% --planner lru -
 
 
 def test_the_installed_wheel_records_plans_and_trains_from_another_folder(wheel: Path, tmp_path: Path) -> None:
-    """The wheel installed alone (``pip install --target``, before the source tree on the path): the
-    quickstart's steps and planned training run from a folder outside the repository, on its files only."""
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    """The wheel installed in a fresh virtual environment (its dependencies seen through a ``.pth``
+    file naming this environment's packages, as no index is reachable here), with its own
+    ``dqn-swap`` command: the quickstart's steps and planned training run from a folder outside the
+    repository, on the installed files only."""
+    import sysconfig
+    import venv
+
+    fresh = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(fresh)
+    python = fresh / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    deps = [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
+    # (the folders themselves only: their own .pth files, this checkout's editable install among them, are not read)
+    (site / "dependencies.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+                    "--disable-pip-version-check", str(wheel)], check=True, capture_output=True)
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1",
-           "PATH": f"{site / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    where = subprocess.run([sys.executable, "-c", "import dqn_swap.agents.auto as a, dqn_swap.simulator as s; "
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", PATH=f"{fresh / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    where = subprocess.run([str(python), "-c", "import dqn_swap.agents.auto as a, dqn_swap.simulator as s; "
                             "print(a.__file__); print(s.__file__)"], cwd=work, env=env, capture_output=True,
                            text=True, check=True).stdout.split()
     assert all(w.startswith(str(site)) for w in where), where  # the installed files, not the source tree's
+    assert (fresh / "bin" / "dqn-swap").exists()  # the console command pip made from the wheel's entry point
     p = subprocess.run(["bash", "-c", SMOKE], cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     import json
