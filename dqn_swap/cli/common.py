@@ -188,3 +188,21 @@ def human(key: str, value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items())
     return str(value)
+
+
+def add_plot_options(p, default: str) -> None:  # noqa: ANN001
+    """``--plot PNG`` (``default`` says where it goes otherwise), ``--no-plot`` and ``--force``, as every
+    command that draws one PNG has them."""
+    p.add_argument("--plot", help=f"PNG to write (default: {default})")
+    p.add_argument("--no-plot", action="store_true", help="do not write a plot")
+    p.add_argument("--force", action="store_true", help="replace the plot file even if it is not ours")
+
+
+def plot_path(args, default) -> Any:  # noqa: ANN001
+    """The plot to write (checked before any work: :func:`dqn_swap.plots.check_output`), or None with
+    ``--no-plot``.  The name as given: a ``Path`` would drop a trailing separator, which names a folder."""
+    from ..plots import check_output
+
+    if args.no_plot:
+        return None
+    return check_output(args.plot if args.plot is not None else default, args.force, png=True)

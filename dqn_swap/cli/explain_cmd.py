@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..cost import PROFILES
-from .common import human, load_trace, print_json, print_table
+from .common import add_plot_options, human, load_trace, plot_path, print_json, print_table
 
 #: How many trace files beside the plan ``explain`` opens, at most, to find the plan's own.
 SEARCHED_TRACES = 20
@@ -34,9 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--actions", action="store_true", help="also list every action, in forward order")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for the simulation (default: the plan's)")
-    p.add_argument("--plot", help="PNG to write (default: PLAN-explained.png beside the plan)")
-    p.add_argument("--no-plot", action="store_true", help="do not write a plot")
-    p.add_argument("--force", action="store_true", help="replace the plot file even if it is not ours")
+    add_plot_options(p, "PLAN-explained.png beside the plan")
     p.add_argument("--json", action="store_true", help="print the whole explanation as JSON")
     p.set_defaults(func=run)
 
@@ -67,14 +65,11 @@ def find_trace(plan_path: Path, fingerprint: str):  # noqa: ANN201
 def run(args: argparse.Namespace) -> int:
     from ..explain import explain_plan
     from ..plan import Plan
-    from ..plots import check_output, plan_memory_plot
+    from ..plots import plan_memory_plot
 
     if args.depth is not None and args.depth < 1:
         raise ValueError(f"--depth must be 1 or more, not {args.depth}")
-    plot = None
-    if not args.no_plot:
-        plot = check_output(args.plot if args.plot is not None else
-                            Path(args.plan).with_name(Path(args.plan).stem + "-explained.png"), args.force, png=True)
+    plot = plot_path(args, Path(args.plan).with_name(Path(args.plan).stem + "-explained.png"))
     plan = Plan.load(args.plan)
     if args.trace:
         trace_path, trace = Path(args.trace), load_trace(args.trace)

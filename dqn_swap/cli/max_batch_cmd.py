@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..cost import DEFAULT_PROFILE, PROFILES
-from .common import (MAX_SEED, SEARCH_SECONDS_HELP, batch_size, human, print_json, print_table, seconds,
-                     showing_progress, whole)
+from .common import (MAX_SEED, SEARCH_SECONDS_HELP, add_plot_options, batch_size, human, plot_path, print_json,
+                     print_table, seconds, showing_progress, whole)
 
 #: The planner's time budget per size unless --search-seconds says otherwise: a few sizes are
 #: planned, and the question is asked in seconds.
@@ -48,9 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cap", type=whole(1, 1 << 20, "cap"), default=1 << 16,
                    help="largest size tried (default 65536; a sequence also stops at the model's positions)")
     p.add_argument("--seed", type=whole(0, MAX_SEED, "seed"), default=0, help="random seed for weights and inputs")
-    p.add_argument("--plot", help="PNG to write (default: MODEL-max-batch.png)")
-    p.add_argument("--no-plot", action="store_true", help="do not write a plot")
-    p.add_argument("--force", action="store_true", help="replace the plot file even if it is not ours")
+    add_plot_options(p, "MODEL-max-batch.png")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.set_defaults(func=run)
 
@@ -60,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..capacity import largest_sizes, planned_speeds, sizes_between
     from ..cost import get_profile
     from ..limits import MemoryLimit
-    from ..plots import capacity_plot, check_output
+    from ..plots import capacity_plot
     from ..recorder import record_trace
     from .record_cmd import load_workload
     from .simulate_cmd import check_settings_apply, planner_settings
@@ -73,10 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size != 1 and not args.seq_len:
         raise ValueError("--batch-size goes with --seq-len (without it the batch size is what is searched)")
     check_settings_apply([args.planner], search_seconds=args.search_seconds)
-    plot = None
-    if not args.no_plot:
-        plot = check_output(args.plot if args.plot is not None else
-                            Path(f"{args.model.replace(':', '_').replace('/', '_')}-max-batch.png"), args.force, png=True)
+    plot = plot_path(args, f"{args.model.replace(':', '_').replace('/', '_')}-max-batch.png")
     profile = get_profile(args.profile)
     cap = args.cap
     if args.seq_len:
