@@ -213,24 +213,25 @@ def recommend(cell: list[dict[str, Any]]) -> tuple[str | None, str]:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    """The short table: per trace and limit, the lower bound, the default planner, the best
-    baseline of the papers, the best of the switches users have (per-block checkpointing, offloading
-    to the host), each as its overhead over unplanned compute (the same reference in every run), and
-    the planner to use (:func:`recommend`).  Every planner is in the full table, the CSV and the JSON."""
+    """The short table: per trace and limit, the ceiling (the lower bound; the certified bound or the
+    optimum, said so, where ``optimal`` ran), the default planner, the best baseline of the papers, the
+    best of the switches users have (per-block checkpointing, offloading to the host), each as time
+    over unplanned compute (the same reference in every run), and the planner to use
+    (:func:`recommend`).  Every planner is in the full table, the CSV and the JSON."""
     from ..planners import DEFAULT_PLANNER
 
     out = io.StringIO()
     for trace in dict.fromkeys(r["trace"] for r in rows):
         sub = [r for r in rows if r["trace"] == trace]
         out.write(f"\n**{sub[0]['model'] or trace}**: time over unplanned compute (lower is better)\n\n")
-        out.write(f"| limit | lower bound | {DEFAULT_PLANNER} (default) | best baseline | best switch | use |\n"
+        out.write(f"| limit | ceiling | {DEFAULT_PLANNER} (default) | best baseline | best switch | use |\n"
                   "|---|---|---|---|---|---|\n")
         lines = []
         for lim in dict.fromkeys(r["limit"] for r in sub):
             cell = [r for r in sub if r["limit"] == lim]
             T = cell[0].get("compute_time_s") or 0.0
-            lb = cell[0].get("lower_bound_s")
-            bound = percent(lb / T - 1) if lb and T else "-"
+            ceiling, kind = cell[0].get("ceiling_s"), cell[0].get("ceiling")
+            bound = (percent(ceiling / T - 1) + ("" if kind == "lower bound" else f" ({kind})")) if ceiling and T else "-"
 
             def best_of(kind: str) -> str:
                 mine = [r for r in cell if _kind(r["planner"]) == kind and r["feasible"] and r["overhead"] is not None]

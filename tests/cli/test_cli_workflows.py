@@ -609,7 +609,7 @@ def test_compare_prints_a_short_table_with_one_recommendation_per_limit(resnet, 
     code, out, err = run(["compare", str(resnet), "--planners", "auto,lru,window,per-block,offload-all",
                           "--memory-limits", "60%,20%", "-o", str(folder)], capsys)
     assert code == 0, err
-    assert "| limit | lower bound | auto (default) | best baseline | best switch | use |" in out
+    assert "| limit | ceiling | auto (default) | best baseline | best switch | use |" in out
     lines = [line for line in out.splitlines() if " at 60%: use " in line or " at 20%: use " in line]
     assert len(lines) == 2, out
     md = (folder / "compare.md").read_text()
