@@ -149,6 +149,8 @@ CATALOG: tuple[Entry, ...] = (
           "simulated peak", "memory"),
     Entry("autoplan_overhead_cpu", "autoplan's step time against PlannedExecution and unplanned training",
           "autoplan"),
+    Entry("variants_cpu", "Iterations that never repeat (wav2vec2 with layerdrop and time masking): planning "
+          "variants as they come, the first plan alone, or safe mode throughout", "variants"),
     Entry("background_planning_cpu", "autoplan planning on a worker thread against planning inline, in a loop "
           "of three batch shapes: loop time, the longest step, steps waiting in safe mode, bit-identity",
           "background"),
@@ -230,6 +232,9 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("memory", "Planned training's memory (CPU)",
      "Measured peak from the allocator's timeline against the limit and the plan's prediction."),
     ("autoplan", "`autoplan`'s cost", "CPU seconds of one thread per step, the methods interleaved."),
+    ("variants", "Iterations that never repeat",
+     "`benchmarks/bench_variants.py`: three policies on the same steps, CPU seconds of the training thread and "
+     "the simulated seconds of a GPU profile."),
     ("background", "Planning off the training thread",
      "`autoplan(..., planning=\"background\")` against the default, planning inline; wall seconds, the modes one "
      "after the other in one warm process."),
@@ -519,6 +524,7 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
     "host": s_md("runtime_host_cpu"),
     "autoplan": s_md("autoplan_overhead_cpu"), "background": s_md("background_planning_cpu"),
+    "variants": s_md("variants_cpu"),
     "clock": s_md("virtual_clock_cpu"),
     "varying": s_md("varying_loops_cpu"), "user": s_md("user_baselines"), "gpu": s_gpu, "record": s_md("record"),
 }
