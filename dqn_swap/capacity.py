@@ -122,8 +122,9 @@ def planned_speeds(record: Recorder, sizes: list[int], memory: int,
     traces = traces if traces is not None else {}
     rows = []
     for n in sizes:
-        trace = traces.get(n) or record(n)
-        traces[n] = trace
+        if n not in traces:
+            traces[n] = record(n)
+        trace = traces[n]
         row: dict[str, Any] = {"size": n, "unplanned_peak_bytes": int(trace.peak_bytes),
                                "minimum_bytes": int(trace.minimum_memory),
                                "unplanned_time_s": float(trace.compute_time)}

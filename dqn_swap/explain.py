@@ -57,7 +57,7 @@ def _first_overflow(trace: Trace, limit: int) -> int:
 
 
 def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None = None,
-                 depth: int | None = None, timeline: bool = False) -> dict[str, Any]:
+                 depth: int | None = None, timeline: bool = False, where: str = "plan") -> dict[str, Any]:
     """Simulate ``plan`` on ``trace`` and describe it (module docstring).
 
     Args:
@@ -67,6 +67,7 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
         depth: sum the actions per module path cut to this many parts (``layer1.0.conv1`` at
             depth 2 is ``layer1.0``); None: the full path.
         timeline: also return the simulation itself under ``"_result"`` (for the plot).
+        where: how a refusal names the plan (its file, from the command line).
 
     Returns:
         A JSON-friendly dict: ``plan`` (planner, limit, profile), ``figures`` (unplanned and
@@ -86,7 +87,7 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
     expect(plan, Plan, "plan", what="a Plan (Plan.load(path) reads one)")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
         raise ValueError(f"depth must be a whole number of module path parts, at least 1, not {depth!r}")
-    plan.check_trace(trace)
+    plan.check_trace(trace, where)
     prof = profile_of(trace, profile or plan.profile)
     result = simulate(trace, plan.actions, plan.memory_limit, prof, timeline=True)
     sched = result.schedule  # the simulation's own, at this profile (the plan's, at the plan's profile)

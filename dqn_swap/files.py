@@ -90,19 +90,26 @@ def _clean_stale(folder: Path, short: str) -> None:
     """Remove the temporary files an earlier write to this name left when its process was killed
     (``.NAME.PID.XXXXXXXX.tmp`` whose process no longer runs); a running writer's are kept, and
     nothing is followed (a link is removed as a name)."""
-    head = f".{short}."
-    try:
-        entries = [e.name for e in os.scandir(folder) if e.name.startswith(head) and e.name.endswith(".tmp")]
-    except OSError:
-        return
-    for name in entries:
-        pid = name[len(head):-len(".tmp")].split(".")[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
+    for path in stale_entries(folder, f".{short}.", ".tmp"):
         try:
-            os.unlink(folder / name)
+            os.unlink(path)
         except OSError:
             pass
+
+
+def stale_entries(folder: Path, head: str, tail: str = "") -> list[Path]:
+    """Entries of ``folder`` named ``HEAD PID . ... TAIL`` whose process ``PID`` no longer runs: what a
+    killed run left (its temporary files, :func:`write_atomically`; a comparison's staging folder)."""
+    try:
+        names = [e.name for e in os.scandir(folder) if e.name.startswith(head) and e.name.endswith(tail)]
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        pid = name[len(head):len(name) - len(tail)].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            out.append(folder / name)
+    return out
 
 
 def _alive(pid: int) -> bool:

@@ -997,17 +997,25 @@ class AutoPlan:
             self._planner = get_planner(self.planner_name, **self.planner_options)
         return self._planner
 
+    @contextlib.contextmanager
+    def _planning(self, worker: bool) -> Iterator[None]:
+        """Where a planner runs on the training thread: the user's random streams untouched (a planner
+        that samples would change later dropout masks) and its tensors set aside from the allocator's
+        timeline (host memory beside the device).  On the worker thread neither: both are the
+        process's, shared with the training thread (module docstring)."""
+        if worker:
+            yield
+            return
+        with _rng_untouched(self.device), AllocatorTimeline.aside():
+            yield
+
     def _make_plan(self, trace: Trace, desc: str, worker: bool = False) -> Plan:
         limit = resolve_limit(trace, self.memory_limit)
         if self.verbose:
             print(f"dqn-swap: planning {desc} with {self.planner_name!r} at {format_bytes(limit)} ...",
                   file=sys.stderr, flush=True)
-        # The planner's own tensors are host memory, beside the device even when the model trains on
-        # the cpu (a benchmark measuring the run from the allocator leaves them out).  On the worker
-        # thread neither applies: the random generators and the timeline's windows are the process's,
-        # shared with the training thread, and the planner was built before (_plan_then).
-        with (contextlib.nullcontext() if worker else _rng_untouched(self.device)), \
-                (contextlib.nullcontext() if worker else AllocatorTimeline.aside()):
+        # (on the worker the planner was built before, on the training thread: _plan_then)
+        with self._planning(worker):
             planner = self._build_planner()
             start = time.thread_time()
             plan = planner.plan(trace, limit)
@@ -1039,8 +1047,7 @@ class AutoPlan:
         for name in FALLBACK_PLANNERS:
             if name == self.planner_name:
                 continue
-            with (contextlib.nullcontext() if worker else _rng_untouched(self.device)), \
-                    (contextlib.nullcontext() if worker else AllocatorTimeline.aside()):
+            with self._planning(worker):
                 start = time.thread_time()
                 plan = get_planner(name).plan(trace, limit)
                 self.planning_seconds += time.thread_time() - start

@@ -377,16 +377,11 @@ def _clean_stale_stages(folder: Path) -> None:
     finished; a running one's are kept, and nothing is followed."""
     import shutil
 
-    from ..files import _alive
+    from ..files import stale_entries
 
-    try:
-        entries = [e for e in os.scandir(folder) if e.name.startswith(".compare.") and e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return
-    for e in entries:
-        pid = e.name.split(".")[2] if e.name.count(".") >= 3 else ""
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(e.path, ignore_errors=True)
+    for path in stale_entries(folder, ".compare."):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_outputs(folder: Path, made_folder: bool, md_path: Path, csv_path: Path, table: str, csv_text: str,

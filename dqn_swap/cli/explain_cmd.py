@@ -75,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
         trace_path, trace = Path(args.trace), load_trace(args.trace)
     else:
         trace_path, trace = find_trace(Path(args.plan), plan.trace_fingerprint)
-    plan.check_trace(trace, args.plan)
-    report = explain_plan(trace, plan, args.profile, depth=args.depth, timeline=plot is not None)
+    report = explain_plan(trace, plan, args.profile, depth=args.depth, timeline=plot is not None, where=args.plan)
     report["trace"] = str(trace_path)
     if plot is not None:
         plan_memory_plot(trace, report, plot)
