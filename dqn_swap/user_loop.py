@@ -966,7 +966,7 @@ class AutoPlan:
         if not self.background:
             install(self._make_plan(trace, desc))
             return
-        with _rng_untouched(self.device):
+        with self._planning(worker=False):  # as inline: the user's random streams, the timeline's window
             self._build_planner()  # here, not on the worker: building the DQN's network draws weights
         if self._worker is None:
             from concurrent.futures import ThreadPoolExecutor
