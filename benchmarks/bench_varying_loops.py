@@ -123,11 +123,15 @@ def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | No
             "identical": not diffs and same_losses, "differences": diffs[:3] + ([] if same_losses else ["losses"])}
 
 
+#: autoplan's ``planning`` in the autoplan cells (``--planning``): ``"inline"``, its default, or ``"background"``.
+PLANNING = "inline"
+
+
 def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner: str, ref: z.Run) -> dict[str, Any]:
     from dqn_swap import autoplan
 
     got, planned = z.run_loop(w, loop, precision, STEPS, lambda m, o: autoplan(
-        m, limit, optimizer=o, planner=planner, verbose=False))
+        m, limit, optimizer=o, planner=planner, verbose=False, planning=PLANNING))
     for s in got.steps:  # safe mode: the planned step's stats say whether it left its plan
         s.diverged = False
     _mark_safe(got, planned)
@@ -483,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=list(z.WORKLOADS), choices=list(z.WORKLOADS))
     ap.add_argument("--planner", default="dqn")
+    ap.add_argument("--planning", choices=("inline", "background"), default="inline",
+                    help="autoplan's planning in the autoplan cells: on the training thread, or on a worker")
     ap.add_argument("--shape-models", nargs="*", default=list(z.VARYING), choices=list(z.VARYING),
                     help="workloads whose shapes change at every step (exact shapes against buckets)")
     ap.add_argument("--quick", action="store_true", help="two loops, fp32, one limit per model")
@@ -495,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", metavar="JSON", help="a result of an earlier run: the cells run now replace its "
                                                     "cells of the same entry, model, loop, precision and limit")
     args = ap.parse_args(argv)
+    global PLANNING
+    PLANNING = args.planning
     result = run(args.models, args.planner, args.quick, shape_models=args.shape_models, loops=args.loops,
                  entries=args.entries)
     if args.merge:
