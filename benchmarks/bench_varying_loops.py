@@ -141,6 +141,7 @@ def autoplan_cell(w: z.Workload, loop: str, precision: str, limit: str, planner:
                 cold=2 if loop == "accumulate" else 1)
     out["variants"] = sum(len(v) for v in planned.variants.values())
     out["signatures"] = len(planned.variants)
+    out["foreign_collections"] = got.foreign_collections
     return out
 
 
@@ -279,6 +280,7 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
             trainer.train()
             run.state = z.state_of(model, trainer.optimizer.optimizer
                                    if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer)
+        run.foreign_collections = timeline.foreign_collections
         for name, info in marks:
             before, peak = timeline.between(name + "<", name + ">")
             run.steps.append(z.StepRecord(before, peak, info.get("kind", "unplanned"), info.get("entry"),
@@ -298,6 +300,7 @@ def trainer_cell(w: z.Workload, precision: str, limit: str, planner: str) -> dic
     out = judge(ref, got, planned.entries, first.plan.memory_limit if first is not None else None)
     out["variants"] = sum(len(v) for v in planned.variants.values())
     out["signatures"] = len(planned.variants)
+    out["foreign_collections"] = got.foreign_collections
     return out
 
 
@@ -317,7 +320,8 @@ def shapes_cell(name: str, mode: str, limit: str, planner: str, steps: int) -> d
     kinds = Counter(s.kind for s in got.steps)
     out.update(variants=len(planned.entries), signatures=len(planned.variants), replans=planned.replans,
                recorded_steps=kinds.get("record", 0), planned_steps=kinds.get("planned", 0),
-               planning_seconds_per_100_steps=round(100 * planned.planning_seconds / steps, 3))
+               planning_seconds_per_100_steps=round(100 * planned.planning_seconds / steps, 3),
+               foreign_collections=got.foreign_collections)
     return out
 
 
@@ -387,7 +391,9 @@ def run(models: list[str], planner: str, quick: bool, progress: bool = True,
             state = ("STOP " + row["stopped"]) if row["stopped"] else (
                 f"over {len(row['over'])}  ratio {_r(row['ratio_min'])}-{_r(row['ratio_max'])}  "
                 f"{'identical' if row['identical'] else 'DIFFERENT ' + ','.join(row['differences'])}  "
-                f"variants {row['variants']}  safe {row['safe_steps']}/{row['steps']}")
+                f"variants {row['variants']}  safe {row['safe_steps']}/{row['steps']}"
+                + (f"  collections on another thread {row['foreign_collections']}"
+                   if row.get("foreign_collections") else ""))
             print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {entry} {name} {loop} {precision} {limit}: {state}",
                   file=sys.stderr, flush=True)
     return {"planner": planner, "steps_per_cell": STEPS, "cells": results, "summary": summarize(results)}
@@ -422,6 +428,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "steps_over_safe_whole": sum(o.get("safe_from") == 0 for r in done for o in r["over"]),
             "steps_over_safe_midway": sum((o.get("safe_from") or 0) > 0 for r in done for o in r["over"]),
             "different": sum(not r["identical"] for r in done),
+            # garbage collections on another thread that freed objects during a measured run: frees
+            # the allocator timeline did not see, so those cells' figures are upper bounds
+            "foreign_collections": sum(r.get("foreign_collections", 0) for r in done),
+            "cells_over_with_foreign_collections": sum(bool(r["over"]) and r.get("foreign_collections", 0) > 0
+                                                       for r in done),
             "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
             "cells_ratio_outside": sum(1 for r in done if r["ratio_min"] is not None
                                        and (r["ratio_min"] < 0.95 or r["ratio_max"] > 1.0)),
@@ -435,7 +446,12 @@ def markdown(result: dict[str, Any]) -> str:
              f"- stopped: {s['stopped']}", f"- cells with a step over the limit: {s['cells_over']} "
              f"({s['steps_over']} steps)", f"- not bit-identical: {s['different']}",
              f"- measured/predicted on followed steps: {_r(s['ratio_min'])} to {_r(s['ratio_max'])} "
-             f"({s['cells_ratio_outside']} cells outside [0.95, 1.00])", ""]
+             f"({s['cells_ratio_outside']} cells outside [0.95, 1.00])"]
+    if s.get("foreign_collections"):
+        lines.append(f"- garbage collections on another thread during measured runs: {s['foreign_collections']} "
+                     f"(frees the allocator timeline does not see; in {s['cells_over_with_foreign_collections']} "
+                     "of the cells over the limit)")
+    lines.append("")
     kinds = Counter(o["kind"] for r in result["cells"] if not r["stopped"] for o in r.get("over", ()))
     if kinds:
         lines += ["Steps over the limit, by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()) + "."]

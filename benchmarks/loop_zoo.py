@@ -411,6 +411,9 @@ class Run:
     steps: list[StepRecord] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    #: garbage collections that ran on another thread and freed objects during the run: frees the
+    #: timeline did not see (AllocatorTimeline.foreign_collections)
+    foreign_collections: int = 0
 
 
 def _optimizer(model: nn.Module, loop: str) -> torch.optim.Optimizer:
@@ -568,6 +571,7 @@ def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callab
         out = None
         run.state = state_of(model, opt)
     if measure:
+        run.foreign_collections = timeline.foreign_collections
         for name, info in marks:
             before, peak = timeline.between(name + "<", name + ">")
             run.steps.append(StepRecord(before, peak, info.get("kind", "unplanned"), info.get("entry"),

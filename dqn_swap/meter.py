@@ -30,6 +30,16 @@ a crash of the garbage collector later).  Close a nested timeline outside
 every range (:attr:`AllocatorTimeline.nested` says when it is nested).  An
 outer timeline that closes first ends the ones still open inside it: their
 events stop there.
+
+The profiler sees the thread that opened the timeline only: an allocation or a
+free on another thread is not in it.  A planner working on a thread of its own
+allocates host memory, which is meant to be left out.  A free is another
+matter: Python's garbage collector runs on whichever thread happens to
+allocate, so a collection on a worker thread frees the training thread's
+garbage (a tensor in a reference cycle) where the timeline cannot see it, and
+those bytes stay counted.  :attr:`AllocatorTimeline.foreign_collections`
+counts the collections on other threads that freed objects while the timeline
+was open; a measurement with any is an upper bound, not exact.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import itertools
 import gc
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +121,15 @@ class AllocatorTimeline:
         self.marks: dict[str, tuple[int, int]] = {}
         self.nested = False  # opened inside another timeline (module docstring)
         self._ended = False
+        #: Garbage collections run on another thread that freed objects while this timeline was
+        #: open (module docstring): frees the profiler did not report to it.
+        self.foreign_collections = 0
+        self._owner = 0
+
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        """``gc.callbacks`` hook: count a collection on another thread that freed something."""
+        if phase == "stop" and info.get("collected", 0) and threading.get_ident() != self._owner:
+            self.foreign_collections += 1
 
     def _start(self) -> None:
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
@@ -147,6 +167,8 @@ class AllocatorTimeline:
             self._open[-1]._stop()  # one profiler session at a time: the outer pauses
         self._open.append(self)
         self._mem = []
+        self._owner = threading.get_ident()
+        gc.callbacks.append(self._on_collection)
         self._start()
         return self
 
@@ -159,6 +181,8 @@ class AllocatorTimeline:
             self._stop()
         self._open.pop()
         self._ended = True
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_collection)
         mem = sorted(self._mem)  # in time, and in the profiler's order at one instant
         kept = mem
         if self.own_blocks:

@@ -80,7 +80,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from .meter import AllocatorTimeline, gradient_bytes
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, node_name, op_name
-from .threads import this_thread_only
+from .threads import module_call_hooks
 from .support import (local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients, unsharded_storages,
                       unsupported_reason)
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder
@@ -877,7 +877,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
         if recorder.active and recorder.phase == Phase.FORWARD and not isinstance(module, _WRAPPERS):
             recorder.b.mark_module_call()
 
-    calls = torch.nn.modules.module.register_module_forward_pre_hook(this_thread_only(module_call))
+    calls = module_call_hooks(module_call)
     with _ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
             recorder.pack, recorder.unpack), contextlib.closing(_Removing(calls)):
         recorder.tracker = tracker

@@ -95,7 +95,7 @@ from .planners import DEFAULT_PLANNER
 from .recorder import (_end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved,
                        carry_held_outputs)
 from .trace import Phase, Trace, TraceBuilder
-from .threads import this_thread_only
+from .threads import module_call_hooks
 from .units import format_bytes
 
 log = logging.getLogger("dqn_swap.autoplan")
@@ -753,8 +753,7 @@ class AutoPlan:
             if recorder.active and recorder.phase == Phase.FORWARD:
                 recorder.b.mark_module_call()
 
-        fb.enter_context(contextlib.closing(_Handle(torch.nn.modules.module.register_module_forward_pre_hook(
-            this_thread_only(module_call)))))
+        fb.enter_context(contextlib.closing(_Handle(module_call_hooks(module_call))))
         recorder.tracker = fb.enter_context(rec.tracker)
         fb.enter_context(recorder)
         # ``loss.backward()`` makes the loss's gradient (ones) before autograd's engine starts:

@@ -98,7 +98,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..threads import this_thread_only
+from ..threads import module_call_hooks
 from ..limits import LimitSpec, resolve_limit
 from ..meter import gradient_bytes
 from ..ops import node_name
@@ -627,8 +627,7 @@ class _Iteration:
             still.append((g, saved_at))
         self.pending_borrowed = still
         if not still and self.module_done_hook is not None:
-            for hook in self.module_done_hook:
-                hook.remove()
+            self.module_done_hook.remove()
             self.module_done_hook = None
 
     def report_held(self, g: SwapGroup) -> None:
@@ -690,10 +689,7 @@ class _Iteration:
                         self.stats.borrowed_inputs += 1
                         self.pending_borrowed.append((group, self.pack_op[k]))
                         if self.module_done_hook is None:
-                            mod = torch.nn.modules.module
-                            done = this_thread_only(self.module_done)
-                            self.module_done_hook = (mod.register_module_forward_pre_hook(done),
-                                                     mod.register_module_forward_hook(done))
+                            self.module_done_hook = module_call_hooks(self.module_done, post=True)
                     self.stats.swapped_bytes += nbytes
                     if rt.track_storages:
                         self.stats.source_refs.append(StorageWeakRef(storage))
@@ -925,8 +921,7 @@ class _Iteration:
         if self.pending_borrowed:
             self.release_borrowed(NO_OP, final=True)  # the block ends: its forward ops have run
         if self.module_done_hook is not None:
-            for hook in self.module_done_hook:
-                hook.remove()
+            self.module_done_hook.remove()
             self.module_done_hook = None
         self.stats.released_after_copy += self.swapper.poll()
         self.stats.emptied_inputs = self.swapper.emptied_borrowed - self.emptied_before
@@ -1164,7 +1159,7 @@ class PlannedExecution:
             else:
                 # Ops are numbered from the module calls of the forward pass (the trace's anchors);
                 # a data-parallel wrapper's own work comes before the wrapped module's call.
-                self._hook = torch.nn.modules.module.register_module_forward_pre_hook(this_thread_only(it.module_call))
+                self._hook = module_call_hooks(it.module_call)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
