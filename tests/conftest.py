@@ -47,3 +47,43 @@ def pytest_collection_finish(session) -> None:  # noqa: ANN001
 
     gc.collect()
     gc.freeze()
+
+
+# --------------------------------------------------------------------------- tests that start processes
+# A test that starts another process (a command, a worker, a distributed group) is marked
+# ``subprocess``, so that ``pytest -m "not subprocess"`` runs the in-process suite alone.  The mark is
+# checked, not trusted: a test that starts a process without it fails at its teardown.
+_started: list[str] = []
+
+
+def _noting(what: str, start):  # noqa: ANN001, ANN202
+    def started(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        _started.append(what)
+        return start(*args, **kwargs)
+
+    return started
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001
+    import multiprocessing.process
+    import subprocess
+
+    subprocess.Popen.__init__ = _noting("subprocess", subprocess.Popen.__init__)
+    multiprocessing.process.BaseProcess.start = _noting("multiprocessing", multiprocessing.process.BaseProcess.start)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:  # noqa: ANN001
+    _started.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # noqa: ANN001, ANN201
+    outcome = yield
+    if call.when == "teardown" and _started and item.get_closest_marker("subprocess") is None:
+        what = sorted(set(_started))
+        _started.clear()
+        report = outcome.get_result()
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} started a process ({', '.join(what)}) and is not marked "
+                           "@pytest.mark.subprocess")

@@ -68,6 +68,7 @@ def test_no_absolute_path_of_a_machine_in_the_documents() -> None:
         assert not re.search(r"(?<![\w.])/(?:home|work|tmp|Users|root)/", text), doc
 
 
+@pytest.mark.subprocess
 def test_report_script_runs_as_a_command() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), "--check"],
                          capture_output=True, text=True, cwd=ROOT)

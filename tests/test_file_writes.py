@@ -108,6 +108,7 @@ for name, overwrite in (("keep.trace", True), ("new.json", False)):
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="no file-size limit here")
 def test_a_full_disk_leaves_the_old_file_and_nothing_else(tmp_path: Path) -> None:
     """A file-size limit (what a full disk looks like to a writer) stops the write midway: the
@@ -232,6 +233,7 @@ def test_a_name_with_a_line_break_stays_on_the_one_error_line(tmp_path: Path, ca
     assert err.count("\n") == 1 and "no\\nsuch.trace" in err, err
 
 
+@pytest.mark.subprocess
 def test_a_closed_standard_output_is_one_line_and_a_failure(tmp_path: Path) -> None:
     """Started with standard output closed (`>&-`), a command says so instead of a traceback."""
     from tests.conftest import record_mlp
@@ -272,6 +274,7 @@ def test_of_two_compare_runs_into_one_folder_the_second_to_finish_is_refused(tmp
         n.startswith(".compare.") for n in theirs)
 
 
+@pytest.mark.subprocess
 def test_temporary_files_a_killed_writer_left_are_removed_at_the_next_write(tmp_path: Path) -> None:
     """A writer killed between creating its temporary file and renaming it leaves ``.NAME.PID.*.tmp``;
     the next write to that name removes it, but never a running writer's."""
@@ -313,6 +316,7 @@ files.write_atomically("out.json", b"new contents", overwrite=overwrite)
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("overwrite", [False, True], ids=["new file", "replacing one"])
 @pytest.mark.parametrize("point", list(KILL_AT))
 def test_kill_9_at_every_point_of_a_write_leaves_the_old_file_or_the_new_one_whole(tmp_path: Path, point: str,

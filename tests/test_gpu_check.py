@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +25,7 @@ def run_check(*args: str, out: Path | None, timeout: float = 300) -> subprocess.
                           timeout=timeout)
 
 
+@pytest.mark.subprocess
 def test_dry_run_measures_every_method_and_planner(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_check
@@ -47,6 +50,7 @@ def test_dry_run_measures_every_method_and_planner(tmp_path: Path) -> None:
     assert md.startswith("# GPU check (dry run, cpu)") and "| checkpoint | swap-all |" in md
 
 
+@pytest.mark.subprocess
 def test_it_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
     p = run_check("--dry-run", out=None, timeout=60)
     assert p.returncode == 2 and p.stderr.strip() == "gpu_check: set GPU_CHECK_OUT to the folder the report goes to"

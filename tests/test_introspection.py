@@ -6,6 +6,8 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 import dqn_swap
 import dqn_swap.models
 
@@ -29,6 +31,7 @@ def test_lazy_public_functions_have_their_real_signatures():
     assert {"record_trace", "autoplan", "get_planner", "simulate"} <= set(dir(dqn_swap))
 
 
+@pytest.mark.subprocess
 def test_the_package_face_stays_lazy():
     """Importing dqn_swap (and its model names) loads neither torch nor the agents."""
     code = ("import sys, dqn_swap, dqn_swap.models; "

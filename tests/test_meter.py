@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from dqn_swap.meter import AllocatorTimeline, live_bytes
@@ -38,6 +39,7 @@ def _figures() -> dict:
             "curve": curve.tolist(), "sorted": list(times) == sorted(times)}
 
 
+@pytest.mark.subprocess
 def test_peak_net_and_marked_windows_are_exact():
     # The allocator's timeline is the whole process's: in a test session another test's leftovers
     # (a tensor freed by a thread it started, or by the garbage collector) may be freed inside the

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.subprocess  # every test here builds or runs the package in another process
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,7 @@ def test_register_checks_its_entries_and_passes_the_agent_only_where_taken(monke
     assert planner_names() == ("reader", "fake")
 
 
+@pytest.mark.subprocess
 def test_the_core_registry_imports_no_agent() -> None:
     """``dqn_swap.planners`` is core: importing it registers nothing and loads neither the agents nor torch."""
     code = ("import sys, dqn_swap.planners as p; print(p.planner_names(), "

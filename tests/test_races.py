@@ -100,6 +100,7 @@ def test_recordings_racing_into_one_name(tmp_path: Path, capsys, force: bool) ->
     _only(tmp_path, "r.trace")
 
 
+@pytest.mark.subprocess
 def test_two_processes_planning_into_one_name(trace_file: Path, tmp_path: Path) -> None:
     """The same race between two ``dqn-swap plan`` processes: one exits 0, the other 2 with one
     line, and the plan loads."""

@@ -138,6 +138,7 @@ def run_commands(commands: list[str], cwd: Path) -> None:
     assert not failed, "\n".join(failed)
 
 
+@pytest.mark.subprocess
 def test_recording_and_planning_commands_run(tmp_path: Path) -> None:
     text = README.read_text()
     run_commands(readme_commands(text[:text.index("\n## Planned training")]), tmp_path)

@@ -339,6 +339,7 @@ def test_in_place_accumulation_matches_the_allocator():
     assert trace.peak_bytes < persistent + 3.5 * activation
 
 
+@pytest.mark.subprocess
 def test_a_trace_is_the_same_in_every_process():
     """Module attribution must not depend on string hashing (PYTHONHASHSEED): the same model
     recorded in two processes has one fingerprint, so a plan made from either applies to both."""

@@ -38,6 +38,7 @@ def test_a_cpu_recording_larger_than_the_host_is_refused_with_both_figures(tmp_p
     ["record", "--model", "mlp_tiny", "--batch-size", "16777216", "--device", "cpu", "-o", "x.trace"],
     ["run", "--model", "mlp_tiny", "--batch-size", "16777216", "-m", "50%", "--device", "cpu", "-o", "r.json"],
 ])
+@pytest.mark.subprocess
 def test_an_address_space_cap_counts_as_the_memory_available(tmp_path: Path, command: list[str]) -> None:
     """Under ``ulimit -v`` the command does not start an iteration the cap cannot hold (mlp_tiny at
     16 million samples needs 4.25 GiB; the cap leaves less than 3 GiB)."""
@@ -67,6 +68,7 @@ sys.exit(main(sys.argv[1:]))
     (["run", "--model", "mlp_tiny", "--batch-size", "4", "-m", "50%", "--device", "cpu", "--steps", "1",
       "--planner", "lru", "-o", "r.json"], "r.json"),
 ])
+@pytest.mark.subprocess
 def test_a_full_disk_leaves_no_partial_output(tmp_path: Path, command: list[str], output: str | None) -> None:
     """A file-size cap (what a full disk looks like to a writer): the command fails with one line
     naming the file, and no partial file or folder is left (outputs print to stdout still work)."""

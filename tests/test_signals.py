@@ -66,6 +66,7 @@ def _run_and_signal(args: list[str], cwd: Path, signum: int, when: "float | Path
     return p.returncode, err
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_plan_stopped_midway_writes_nothing(trace: Path, tmp_path: Path, signum: int, status: int) -> None:
     code, err = _run_and_signal(["plan", str(trace), "-m", "40%", "--planner", "optimal", "-o", "p.json"],
@@ -76,6 +77,7 @@ def test_plan_stopped_midway_writes_nothing(trace: Path, tmp_path: Path, signum:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_train_stopped_before_its_first_evaluation_leaves_nothing(trace: Path, tmp_path: Path, signum: int,
                                                                   status: int) -> None:
@@ -87,6 +89,7 @@ def test_train_stopped_before_its_first_evaluation_leaves_nothing(trace: Path, t
     assert list(tmp_path.iterdir()) == []  # no agent, no resume file, no log folder
 
 
+@pytest.mark.subprocess
 def test_train_stopped_after_an_evaluation_says_how_to_resume(trace: Path, tmp_path: Path) -> None:
     code, err = _run_and_signal(["train", str(trace), "-m", "50%", "--steps", "100000", "--set", "eval_every=200",
                                  "--set", "learning_starts=100", "-o", "a.pt"], tmp_path, signal.SIGTERM,
@@ -114,6 +117,7 @@ def test_outputs_written_together_finish_before_the_signal_stops_them(tmp_path: 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.subprocess
 def test_an_output_folder_removed_midway_is_made_again_and_the_run_ends_whole(trace: Path, tmp_path: Path) -> None:
     """``train -o out/a.pt`` whose folder is removed while it trains: the next evaluation makes the
     folder again (the agent is the user's asked-for output), and the run ends with a whole agent

@@ -218,6 +218,7 @@ def test_a_stopped_run_removes_only_its_own_logs(tmp_path) -> None:
     assert not logs.exists()
 
 
+@pytest.mark.subprocess
 def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tiny_resnet_trace, tmp_path) -> None:
     """A resume (or a second run) started while a run writes the same agent file is refused at once, and
     leaves the running one's files alone; a lock a killed run left behind locks nothing."""

@@ -164,6 +164,7 @@ def test_silenced_swallows_writes_to_descriptors_1_and_2(capfd: pytest.CaptureFi
     assert "fd1-after" in out and "python-stderr" in err
 
 
+@pytest.mark.subprocess
 def test_simulate_json_is_the_only_standard_output(tmp_path, tiny_resnet_trace: Trace) -> None:
     """``simulate --planner optimal --json`` prints JSON and nothing else."""
     path = tmp_path / "t.trace"

@@ -66,6 +66,7 @@ def test_unwritable_output(tmp_path, capsys):
     assert code == 2 and "t.trace" in err
 
 
+@pytest.mark.subprocess
 def test_python_dash_m_and_help():
     out = subprocess.run([sys.executable, "-m", "dqn_swap", "--help"], capture_output=True, text=True, check=True)
     assert "record" in out.stdout and "inspect" in out.stdout

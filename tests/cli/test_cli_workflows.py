@@ -579,6 +579,7 @@ def small_mlp(batch_size, device):
 '''
 
 
+@pytest.mark.subprocess
 def test_the_installed_command_records_a_model_of_the_current_folder(tmp_path):
     """`dqn-swap record --model mymodels:small_mlp` finds mymodels.py in the current folder, as
     `python -m dqn_swap` does (the installed script's own folder heads its sys.path, not the current one)."""

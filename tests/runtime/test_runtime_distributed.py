@@ -99,6 +99,7 @@ def _ddp_case(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.subprocess
 def test_ddp_two_processes_bit_identical_on_every_rank() -> None:
     world = 2
     with tempfile.TemporaryDirectory() as out_dir:

@@ -230,6 +230,7 @@ def _spawn(cases: list, worker=_worker) -> None:  # noqa: ANN001
             pytest.fail("\n".join(errors) or "an FSDP2 worker failed")
 
 
+@pytest.mark.subprocess
 def test_gpt_swap_recompute_mixed_bit_identical_and_peak_as_planned_on_every_rank() -> None:
     _spawn([("gpt", False, ("swap", "recompute", "mixed"))])
 
@@ -345,6 +346,7 @@ def _accumulation_worker(rank: int, port: int, out_dir: str, cases: list) -> Non
     _worker(rank, port, out_dir, cases, _accumulation_case)
 
 
+@pytest.mark.subprocess
 def test_gpt_gradient_accumulation_keeping_gathered_parameters_bit_identical_and_peaks_as_planned() -> None:
     _spawn([("gpt", ("swap", "recompute", "mixed"))], _accumulation_worker)
 
@@ -416,6 +418,7 @@ def test_one_process_fsdp2_records_without_collectives(one_process) -> None:  # 
 
 
 # --------------------------------------------------------------------------- torchrun
+@pytest.mark.subprocess
 def test_torchrun_example_records_plans_and_trains_on_two_cpu_processes() -> None:
     """``examples/fsdp_train.py`` as documented, launched with torchrun: 2 processes, gloo."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -430,6 +433,7 @@ def test_torchrun_example_records_plans_and_trains_on_two_cpu_processes() -> Non
         assert "plan window:" in line and "feasible True" in line and "losses" in line, line
 
 
+@pytest.mark.subprocess
 def test_the_example_refuses_to_run_without_torchrun() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "fsdp_train.py")], cwd=ROOT, env=env,
