@@ -93,6 +93,24 @@ def _predicted(entry: Any, cache: dict[int, int]) -> int:
     return cache[key]
 
 
+def _variant_limit(entry: Any, entries: dict[str, Any], peak: int) -> int | None:
+    """For a step that left ``entry``'s plan and peaked at ``peak`` above its limit: the limit of another
+    variant of the same signature that the peak stays within (the largest), or None.
+
+    A percentage limit is resolved per variant, on each iteration's own range between its minimum
+    and its peak.  A step that leaves its plan is another iteration, often one recorded later as a
+    variant of its own, whose limit in bytes may be higher (padding adds ops and bytes).  Which
+    variant the step was is not known; a step within some variant's limit is reported apart."""
+    if entry is None:
+        return None
+    def signature(e: Any) -> str:  # (PlannedExecution's cells have one plan and no variants)
+        return getattr(e, "signature_key", "") or getattr(e, "key", "")
+
+    limits = [int(e.plan.memory_limit) for e in entries.values() if signature(e) == signature(entry)
+              and e is not entry and peak <= int(e.plan.memory_limit)]
+    return max(limits) if limits else None
+
+
 def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | None, cold: int = 1
           ) -> dict[str, Any]:
     """The cell's figures (module docstring) from its run and the unplanned reference.
@@ -110,7 +128,8 @@ def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | No
         if limit is not None and s.peak > limit:
             over.append({"step": i, "kind": s.kind, "peak": s.peak, "limit": int(limit), "start": s.start,
                          "safe_from": s.safe_from if s.diverged else None,
-                         "unplanned_peak": ref.steps[i].peak if i < len(ref.steps) else None})
+                         "unplanned_peak": ref.steps[i].peak if i < len(ref.steps) else None,
+                         "variant_limit": _variant_limit(entry, entries, s.peak) if s.diverged else None})
         if s.kind == "planned" and entry is not None and not s.diverged:
             ratios.append((i, s.peak / _predicted(entry, cache)))
     diffs = z.differences(ref.state, got.state)
@@ -427,6 +446,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             # tensor (the whole step in safe mode) or midway
             "steps_over_safe_whole": sum(o.get("safe_from") == 0 for r in done for o in r["over"]),
             "steps_over_safe_midway": sum((o.get("safe_from") or 0) > 0 for r in done for o in r["over"]),
+            # of those, steps within the limit of another variant of their signature (_variant_limit)
+            "steps_over_within_a_variant": sum(o.get("variant_limit") is not None for r in done for o in r["over"]),
             "different": sum(not r["identical"] for r in done),
             # garbage collections on another thread that freed objects during a measured run: frees
             # the allocator timeline did not see, so those cells' figures are upper bounds
@@ -458,7 +479,9 @@ def markdown(result: dict[str, Any]) -> str:
         if s.get("steps_over_safe_whole") or s.get("steps_over_safe_midway"):
             lines += [f"Of those, steps that left the plan they started: {s['steps_over_safe_whole']} at their first "
                       f"saved tensor (the whole step in safe mode), {s['steps_over_safe_midway']} midway. Each is "
-                      "judged against the limit of the plan it left; a percentage limit is resolved per variant."]
+                      "judged against the limit of the plan it left; a percentage limit is resolved per variant.",
+                      f"Of the steps over, {s.get('steps_over_within_a_variant', 0)} stay within the limit of another "
+                      "variant of their signature (a percentage resolved on that iteration's own range)."]
         lines.append("")
     shapes = [r for r in result["cells"] if r["entry"] == "shapes" and not r["stopped"]]
     if shapes:
