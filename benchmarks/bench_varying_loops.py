@@ -94,8 +94,9 @@ def _predicted(entry: Any, cache: dict[int, int]) -> int:
 
 
 def _variant_limit(entry: Any, entries: dict[str, Any], peak: int) -> int | None:
-    """For a step that left ``entry``'s plan and peaked at ``peak`` above its limit: the limit of another
-    variant of the same signature that the peak stays within (the largest), or None.
+    """For a step that left ``entry``'s plan (or waited in safe mode for its signature's plan) and
+    peaked at ``peak`` above its limit: the limit of another variant of the same signature that the
+    peak stays within (the largest), or None.
 
     A percentage limit is resolved per variant, on each iteration's own range between its minimum
     and its peak.  A step that leaves its plan is another iteration, often one recorded later as a
@@ -103,6 +104,7 @@ def _variant_limit(entry: Any, entries: dict[str, Any], peak: int) -> int | None
     variant the step was is not known; a step within some variant's limit is reported apart."""
     if entry is None:
         return None
+
     def signature(e: Any) -> str:  # (PlannedExecution's cells have one plan and no variants)
         return getattr(e, "signature_key", "") or getattr(e, "key", "")
 
@@ -129,7 +131,8 @@ def judge(ref: z.Run, got: z.Run, entries: dict[str, Any], first_limit: int | No
             over.append({"step": i, "kind": s.kind, "peak": s.peak, "limit": int(limit), "start": s.start,
                          "safe_from": s.safe_from if s.diverged else None,
                          "unplanned_peak": ref.steps[i].peak if i < len(ref.steps) else None,
-                         "variant_limit": _variant_limit(entry, entries, s.peak) if s.diverged else None})
+                         "variant_limit": _variant_limit(entry, entries, s.peak)
+                         if s.diverged or s.kind == "waiting" else None})
         if s.kind == "planned" and entry is not None and not s.diverged:
             ratios.append((i, s.peak / _predicted(entry, cache)))
     diffs = z.differences(ref.state, got.state)
@@ -176,10 +179,11 @@ def _mark_safe(run: z.Run, planned: Any) -> None:
 
 
 def _own_signature(run: z.Run, planned: Any) -> None:
-    """A warm-up step is judged against the first plan of its own signature (gradient accumulation's
-    micro-steps have two: without gradients and with them)."""
+    """A warm-up step, and a step waiting in safe mode for its plan (background planning), is judged
+    against the first plan of its own signature (gradient accumulation's micro-steps have two:
+    without gradients and with them)."""
     for i, s in enumerate(run.steps):
-        if s.kind == "warmup" and s.entry is None:
+        if s.kind in ("warmup", "waiting") and s.entry is None:
             variants = planned.variants.get(planned.step_signatures.get(i, ""), ())
             if variants:
                 s.entry = variants[0].key
