@@ -221,6 +221,18 @@ class _Packed:
         self.dtype, self.size, self.stride, self.offset = t.dtype, t.size(), t.stride(), t.storage_offset()
 
 
+class _Kept:
+    """A saved tensor the plan keeps on the device, held for autograd where the step may leave its
+    plan midway (``on_mismatch="safe"``): then it goes to the host (:meth:`_Iteration.evict_kept`),
+    and comes back at its unpack."""
+
+    __slots__ = ("t", "tid", "version", "__weakref__")
+
+    def __init__(self, t: torch.Tensor, tid: int) -> None:
+        self.t: Any = t
+        self.tid, self.version = tid, t._version
+
+
 class _RecomputeGroup:
     """One removed storage; the re-created storage is shared by the handles that have not unpacked."""
 
@@ -297,6 +309,8 @@ class IterationStats:
     diverged_at: int = -1  # safe mode: the pack at which the live iteration left the trace (-1: it did not)
     safe_packs: int = 0  # packs made in safe mode (every one to the host until backward needs it)
     safe_bytes: int = 0  # bytes safe mode copied to the host
+    evicted: int = 0  # saved tensors the plan kept on the device, sent to the host as the step left its plan
+    evicted_bytes: int = 0  # their storages' bytes copied then
     divergence: str = ""  # what differed, in one line (empty: nothing)
     prefetch_log: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, op reached) in issue order
     source_refs: list[StorageWeakRef] = field(default_factory=list)  # with track_storages: removed originals
@@ -333,6 +347,10 @@ class _Iteration:
         self.groups_by_tid: dict[int, list[SwapGroup]] = {}
         self.rec_groups: dict[int, _RecomputeGroup] = {}
         self.kept: dict[int, list[tuple[Any, int]]] = {}  # watched tensor id -> [(weak ref, version)] per pack
+        # with on_mismatch="safe": every saved tensor kept on the device (its holder, weakly), to send to the
+        # host if the step leaves its plan; and those sent, by (tensor id, version), for re-runs that read them
+        self.evictable: list[Any] | None = [] if rt.safe_on_mismatch else None
+        self.evicted: dict[tuple[int, int], Offloaded] = {}
         self.recreated: dict[int, StorageWeakRef] = {}  # re-created storages, while alive
         self.sequences_done: set[int] = set()
         self.position = -1  # op reached (trace op index)
@@ -405,7 +423,7 @@ class _Iteration:
             if k == self.n_saved - 1:
                 self.end_of_forward()
             if not due:
-                return t.detach() if t.requires_grad else t  # see check_pack
+                return self.keep(t.detach() if t.requires_grad else t, k)  # (detached: see check_pack)
         self.where = ("pack", k)
         self.paused = True
         try:
@@ -415,7 +433,49 @@ class _Iteration:
                     self.enforce_releases(self.index.pack_horizon[k])
         finally:
             self.paused = False
+        if isinstance(packed, torch.Tensor):
+            return self.keep(packed, k)
+        if self.evictable is not None and type(packed) is _Packed and packed.kind == KEEP:
+            self.evictable.append(weakref.ref(packed))
         return packed
+
+    def keep(self, t: torch.Tensor, k: int) -> Any:
+        """What autograd holds for pack ``k``, kept on the device: ``t`` itself, or (where the step may
+        leave its plan) a holder the runtime can empty then."""
+        if self.evictable is None or t.device.type != self.dev_type or isinstance(t, torch.nn.Parameter):
+            return t
+        holder = _Kept(t, int(self.index.saved_tids[k]))
+        self.evictable.append(weakref.ref(holder))
+        return holder
+
+    def evict_kept(self) -> None:
+        """The step left its plan: what the plan kept on the device until now goes to the host, as safe
+        mode would have sent it at its pack (``offload.py``), so that the rest of the step runs with
+        the device holding what a step in safe mode from its start holds.  A tensor something else
+        still holds (an output in use, the loop's own reference) frees nothing by it: those holders
+        are in the minimum, as for safe mode."""
+        assert self.safe is not None
+        for ref in self.evictable or ():
+            holder = ref()
+            if holder is None:
+                continue  # its node ran: autograd let go of it
+            is_kept = type(holder) is _Kept
+            x = holder.t if is_kept else holder.ref
+            if not isinstance(x, torch.Tensor) or not self.safe.offloadable(x):
+                continue
+            before = self.safe.copied_bytes
+            with torch.no_grad():
+                off = self.safe.pack(x)
+            if is_kept:
+                holder.t = off
+                key = (holder.tid, holder.version)
+            else:
+                holder.ref = off
+                key = (holder.tid, x._version)
+            self.evicted[key] = off
+            self.stats.evicted += 1
+            self.stats.evicted_bytes += self.safe.copied_bytes - before
+        self.evictable = None
 
     def release_before(self, op: int) -> None:
         """Op ``op`` of the forward pass is about to run (the dispatch mode numbers every op): the
@@ -577,6 +637,7 @@ class _Iteration:
         self.release_next = NO_OP
         self.prefetch_ptr = len(self.index.prefetch)
         self.safe = HostOffload(self.rt.device, persistent_storages(self.rt.model))
+        self.evict_kept()
 
     def safe_pack(self, t: torch.Tensor) -> Any:
         assert self.safe is not None
@@ -802,6 +863,8 @@ class _Iteration:
 
     # ------------------------------------------------------------------ unpack
     def unpack(self, packed: Any) -> torch.Tensor:
+        if type(packed) is _Kept:
+            packed = packed.t  # the tensor, or its host copy if the step left its plan
         if type(packed) is not _Packed:
             return HostOffload.unpack(packed) if type(packed) is Offloaded else packed
         self.where = ("unpack", packed.index)
@@ -820,7 +883,7 @@ class _Iteration:
                     self.enforce_releases(self.index.unpack_horizon[packed.index])
                 self.issue_prefetches()
                 if packed.kind == KEEP:
-                    return packed.ref
+                    return packed.ref if type(packed.ref) is not Offloaded else packed.ref.tensor()
                 if packed.kind == SWAPPED:
                     g: SwapGroup = packed.ref
                     if g.borrowed is not None and not g.emptied and g.watch is not None:
@@ -902,6 +965,9 @@ class _Iteration:
             x = ref()
             if x is not None and x._version == version:
                 return x.untyped_storage()
+        off = self.evicted.get((tid, version))
+        if off is not None:  # sent to the host as the step left its plan: back for the re-run
+            return off.storage.restore()
         rg = self.rec_groups.get(tid)
         if rg is not None and rg.storage is not None:
             return rg.storage
