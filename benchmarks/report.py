@@ -154,6 +154,9 @@ CATALOG: tuple[Entry, ...] = (
     Entry("background_planning_cpu", "autoplan planning on a worker thread against planning inline, in a loop "
           "of three batch shapes: loop time, the longest step, steps waiting in safe mode, bit-identity",
           "background"),
+    Entry("varying_loops_background_cpu", "The varying-loops benchmark's autoplan cells with plans made on a "
+          "worker thread (planning=\"background\"): stops, steps over the limit, bit-identity, collections of "
+          "the garbage collector on the worker", "background"),
     Entry("varying_loops_cpu", "Planned training on Hugging Face, PyG and custom models in the loops users write "
           "(padding, held outputs, accumulation, parameter groups added midway, retain_graph, bf16) through autoplan, "
           "the Trainer callback and PlannedExecution: stops, steps over the limit, bit-identity, variants; shapes "
@@ -523,7 +526,7 @@ BUILDERS: dict[str, Callable[[], tuple[str, list[str]]]] = {
     "demonstrations": s_demonstrations, "train": s_train, "plantime": s_plantime, "transfer": s_transfer,
     "transfer-search": s_transfer_search, "overhead": s_md("runtime_overhead_cpu"), "memory": s_memory,
     "host": s_md("runtime_host_cpu"),
-    "autoplan": s_md("autoplan_overhead_cpu"), "background": s_md("background_planning_cpu"),
+    "autoplan": s_md("autoplan_overhead_cpu"), "background": s_mds("background_planning_cpu", "varying_loops_background_cpu"),
     "variants": s_md("variants_cpu"),
     "clock": s_md("virtual_clock_cpu"),
     "varying": s_md("varying_loops_cpu"), "user": s_md("user_baselines"), "gpu": s_gpu, "record": s_md("record"),

@@ -1059,7 +1059,8 @@ class PlannedExecution:
         on_mismatch: ``"raise"`` (default): an iteration that is not the trace's stops with
             :class:`TraceMismatchError`; ``"safe"``: it goes on in safe mode from the point where it
             left the trace (every later saved tensor on the host until backward needs it,
-            :mod:`.offload`), and ``stats.divergence`` says what differed.
+            :mod:`.offload`, and what the plan kept on the device until then sent there too:
+            ``stats.evicted``), and ``stats.divergence`` says what differed.
         check: ``"ops"`` (default) or ``"packs"``: what the live check compares (below).
 
     Every iteration is checked against the trace as it runs: at every pack of a saved tensor
