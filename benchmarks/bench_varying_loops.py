@@ -335,7 +335,7 @@ def shapes_cell(name: str, mode: str, limit: str, planner: str, steps: int) -> d
 
     ref, _ = z.run_varying(name, steps)
     got, planned = z.run_varying(name, steps, lambda m, o: autoplan(m, limit, optimizer=o, planner=planner,
-                                                                     verbose=False, shapes=mode))
+                                                                     verbose=False, shapes=mode, planning=PLANNING))
     _mark_safe(got, planned)
     first = next(iter(planned.entries.values()), None)
     _own_signature(got, planned)
@@ -419,7 +419,8 @@ def run(models: list[str], planner: str, quick: bool, progress: bool = True,
                    if row.get("foreign_collections") else ""))
             print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {entry} {name} {loop} {precision} {limit}: {state}",
                   file=sys.stderr, flush=True)
-    return {"planner": planner, "steps_per_cell": STEPS, "cells": results, "summary": summarize(results)}
+    return {"planner": planner, "planning": PLANNING, "steps_per_cell": STEPS, "cells": results,
+            "summary": summarize(results)}
 
 
 def _r(x: float | None) -> str:
@@ -466,8 +467,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
+    planning = ", planning in the background" if result.get("planning") == "background" else ""
     lines = [f"# Planned training on varying loops ({s['cells']} cells, {s['models']} models, planner "
-             f"`{result['planner']}`)", "",
+             f"`{result['planner']}`{planning})", "",
              f"- stopped: {s['stopped']}", f"- cells with a step over the limit: {s['cells_over']} "
              f"({s['steps_over']} steps)", f"- not bit-identical: {s['different']}",
              f"- measured/predicted on followed steps: {_r(s['ratio_min'])} to {_r(s['ratio_max'])} "
