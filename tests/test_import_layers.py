@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Repository folder -> the package it installs as (pyproject's ``package-dir``).
+#: Repository folder -> the package it installs as (setup.py's ``ROOTS``).
 PACKAGES = {"dqn_swap": "dqn_swap", "env": "dqn_swap.env", "agents": "dqn_swap.agents",
             "checkpoints": "dqn_swap.checkpoints"}
 #: Folders of scripts run from the repository (they import each other by bare name).
@@ -222,12 +221,24 @@ def _shown(arrow: Arrow) -> str:
 
 # ------------------------------------------------------------------------------------------ tests
 def test_the_layers_name_the_folders_pyproject_installs() -> None:
-    """The folder -> package map above is the one pip installs, so the layers name real modules."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    installed = {package: folder for package, folder in project["tool"]["setuptools"]["package-dir"].items()}
-    assert {folder: package for package, folder in installed.items()} == PACKAGES
+    """The folder -> package map above is the one pip installs (setup.py's ``ROOTS``), so the layers
+    name real modules, and every package setup.py finds is checked."""
+    import ast
+
+    from setuptools import find_packages
+
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name)}
+    roots = ast.literal_eval(values["ROOTS"])
+    inside = ast.literal_eval(values["INSIDE"])
+    assert {folder: package for package, folder in roots.items()} == PACKAGES
+    installed = set(roots)
+    for name, folder in roots.items():
+        installed |= {f"{name}.{p}" for p in find_packages(str(ROOT / folder))
+                      if not (folder == "dqn_swap" and p.split(".")[0] in inside)}
     read = {module_name(p, ROOT)[0] for p in source_files(ROOT)}
-    assert set(project["tool"]["setuptools"]["packages"]) <= read  # every installed package is checked
+    assert installed <= read  # every installed package is checked
 
 
 def test_no_import_runs_back_up_a_layer() -> None:

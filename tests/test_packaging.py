@@ -62,7 +62,8 @@ def test_the_installed_wheel_records_plans_and_trains_from_another_folder(wheel:
     python = fresh / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    deps = [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
+    deps = [sysconfig.get_paths()["purelib"],
+            *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]  # (Debian's: dist-packages)
     # (the folders themselves only: their own .pth files, this checkout's editable install among them, are not read)
     (site / "dependencies.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
@@ -97,7 +98,8 @@ def test_the_sdist_holds_the_tree_and_builds_a_wheel_of_the_same_files(wheel: Pa
     sdist = next(tmp_path.glob("dqn_swap-*.tar.gz"))
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-        tar.extractall(tmp_path / "unpacked", filter="data")
+        # (extraction filters came in Python 3.11.4 and 3.10.12: a Debian 3.11.2 has none)
+        tar.extractall(tmp_path / "unpacked", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     for folder in ("dqn_swap", "env", "agents", "checkpoints"):
         for path in (ROOT / folder).rglob("*.py"):
             assert path.relative_to(ROOT).as_posix() in names, f"{path.relative_to(ROOT)} is not in the sdist"
