@@ -825,16 +825,6 @@ class _DeviceGuard(TorchDispatchMode):
 _WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 
 
-class _Removing:
-    """Removes a hook handle on ``close()``."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    def close(self) -> None:
-        self.handle.remove()
-
-
 class _Saved:
     """What autograd keeps for a saved tensor while recording."""
 
@@ -879,7 +869,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
 
     calls = module_call_hooks(module_call)
     with _ModuleTracker() as tracker, recorder, torch.autograd.graph.saved_tensors_hooks(
-            recorder.pack, recorder.unpack), contextlib.closing(_Removing(calls)):
+            recorder.pack, recorder.unpack), contextlib.closing(calls):
         recorder.tracker = tracker
         recorder.phase = Phase.FORWARD
         out = model(*inputs)

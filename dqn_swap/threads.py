@@ -4,8 +4,8 @@
 it) fires for every module call in every thread.  The runtime numbers a step's ops from its
 module calls and the recorder marks them; a module called on another thread meanwhile (the
 planner's own network, planning on a worker thread: ``autoplan(..., planning="background")``)
-would be counted into the step.  :func:`this_thread_only` wraps such a hook so that it acts for
-the thread that registered it, and :func:`module_call_hooks` registers one.
+would be counted into the step.  :class:`ThreadHook` wraps such a hook so that it acts for the
+thread that registered it, and :func:`module_call_hooks` registers one.
 
 Removing a hook does not end a module call under way on another thread: torch takes the list of
 global hooks when a call begins, so the worker's call keeps the removed hook alive until it
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["ThreadHook", "module_call_hooks", "this_thread_only"]
+__all__ = ["ThreadHook", "module_call_hooks"]
 
 
 class ThreadHook:
@@ -48,11 +48,6 @@ class ThreadHook:
         self._hook = None
 
 
-def this_thread_only(hook: Callable[..., Any]) -> ThreadHook:
-    """``hook``, called only from the thread that made this wrapper (elsewhere: nothing, None)."""
-    return ThreadHook(hook)
-
-
 class _Registered:
     """The handles of one :class:`ThreadHook` registered as global module hooks."""
 
@@ -65,10 +60,13 @@ class _Registered:
         self.handles = []
         self.hook.release()  # a call under way on another thread keeps the shell only (module docstring)
 
+    close = remove  # (for contextlib.closing)
+
 
 def module_call_hooks(hook: Callable[..., Any], *, pre: bool = True, post: bool = False) -> _Registered:
     """Register ``hook`` (for this thread only) as a global module forward pre-hook, and with
-    ``post`` as a forward hook too; ``remove()`` on the result takes it out and drops ``hook``."""
+    ``post`` as a forward hook too; ``remove()`` (or ``close()``) on the result takes it out and
+    drops ``hook``."""
     mod = torch.nn.modules.module
     guarded = ThreadHook(hook)
     handles = []

@@ -753,7 +753,7 @@ class AutoPlan:
             if recorder.active and recorder.phase == Phase.FORWARD:
                 recorder.b.mark_module_call()
 
-        fb.enter_context(contextlib.closing(_Handle(module_call_hooks(module_call))))
+        fb.enter_context(contextlib.closing(module_call_hooks(module_call)))
         recorder.tracker = fb.enter_context(rec.tracker)
         fb.enter_context(recorder)
         # ``loss.backward()`` makes the loss's gradient (ones) before autograd's engine starts:

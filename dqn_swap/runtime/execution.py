@@ -423,7 +423,8 @@ class _Iteration:
             if k == self.n_saved - 1:
                 self.end_of_forward()
             if not due:
-                return self.keep(t.detach() if t.requires_grad else t, k)  # (detached: see check_pack)
+                t = t.detach() if t.requires_grad else t  # see check_pack
+                return t if self.evictable is None else self.keep(t, k)
         self.where = ("pack", k)
         self.paused = True
         try:
@@ -433,16 +434,18 @@ class _Iteration:
                     self.enforce_releases(self.index.pack_horizon[k])
         finally:
             self.paused = False
+        if self.evictable is None:
+            return packed
         if isinstance(packed, torch.Tensor):
             return self.keep(packed, k)
-        if self.evictable is not None and type(packed) is _Packed and packed.kind == KEEP:
+        if type(packed) is _Packed and packed.kind == KEEP:
             self.evictable.append(weakref.ref(packed))
         return packed
 
     def keep(self, t: torch.Tensor, k: int) -> Any:
-        """What autograd holds for pack ``k``, kept on the device: ``t`` itself, or (where the step may
-        leave its plan) a holder the runtime can empty then."""
-        if self.evictable is None or t.device.type != self.dev_type or isinstance(t, torch.nn.Parameter):
+        """What autograd holds for pack ``k``, kept on the device, where the step may leave its plan: a
+        holder the runtime can empty then (``t`` itself where it never would)."""
+        if t.device.type != self.dev_type or isinstance(t, torch.nn.Parameter):
             return t
         holder = _Kept(t, int(self.index.saved_tids[k]))
         self.evictable.append(weakref.ref(holder))
