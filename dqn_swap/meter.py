@@ -107,13 +107,20 @@ class AllocatorTimeline:
     #: results while another session records corrupts the heap (seen as a crash in the collector).
     _retired: list[Any] = []
 
-    def __init__(self, own_blocks: bool = False) -> None:
+    def __init__(self, own_blocks: bool = False, also_own: "set[int] | frozenset[int]" = frozenset()) -> None:
         """``own_blocks``: count only blocks allocated inside the block.  The allocator reports the
         free of a block allocated in an earlier profiler session (another timeline's, or before a
         nested one): by default it counts, as bytes going below the start; with ``own_blocks`` it is
         left out, so that the curve holds exactly the bytes allocated inside and still alive (what
-        a run measured from before its model is built needs, in a process that ran others)."""
+        a run measured from before its model is built needs, in a process that ran others).
+
+        ``also_own`` (with ``own_blocks``): addresses of earlier blocks whose frees count too, such
+        as :attr:`alive_blocks` of the timeline of the iteration before (a steady-state iteration
+        frees what the one before left, and nothing some other code allocated)."""
         self.own_blocks = own_blocks
+        self.also_own = frozenset(also_own)
+        #: With ``own_blocks``: addresses of the owned blocks still allocated at the end.
+        self.alive_blocks: frozenset[int] = frozenset()
         self._prof: torch.profiler.profile | None = None
         self._mem: list[tuple[int, int, int, int]] = []  # (time, event id, bytes, address) of every allocation and free
         self.times = np.zeros(0, dtype=np.int64)
@@ -188,7 +195,7 @@ class AllocatorTimeline:
         if self.own_blocks:
             aside = sorted(v[0] for k, v in self.marks.items() if k.startswith("aside<"))
             ends = sorted(v[0] for k, v in self.marks.items() if k.startswith("aside>"))
-            mine: set[int] = set()
+            mine: set[int] = set(self.also_own)
             kept = []
             for t, i, b, ptr in mem:
                 k = bisect.bisect_right(aside, t)
@@ -201,6 +208,7 @@ class AllocatorTimeline:
                 else:
                     mine.discard(ptr)
                 kept.append((t, i, b, ptr))
+            self.alive_blocks = frozenset(mine)
         self.times = np.array([x[0] for x in kept], dtype=np.int64)
         self.deltas = np.array([x[2] for x in kept], dtype=np.int64)
         if self._open:  # the outer one gets this one's events

@@ -122,3 +122,25 @@ def test_own_blocks_leaves_out_frees_of_earlier_blocks_and_what_is_set_aside():
     assert plain.curve()[1].tolist()[-1] == sum(frees)
     assert own.curve()[1].tolist() == [100]
     del x
+
+
+def test_also_own_counts_the_frees_of_the_blocks_an_earlier_timeline_left_alive():
+    """A steady-state iteration frees what the one before left: ``also_own`` (the earlier timeline's
+    ``alive_blocks``) counts those frees, and still not the free of a block other code allocated."""
+    with AllocatorTimeline():
+        other = torch.empty(4096, dtype=torch.uint8)  # a block of some earlier profiled code
+    gc.collect()
+    gc.disable()
+    try:
+        with AllocatorTimeline(own_blocks=True) as first:
+            left = torch.empty(300, dtype=torch.uint8)
+            gone = torch.empty(200, dtype=torch.uint8)
+            del gone
+        assert first.alive_blocks == {left.untyped_storage().data_ptr()}
+        with AllocatorTimeline(own_blocks=True, also_own=first.alive_blocks) as second:
+            del left, other
+            y = torch.empty(100, dtype=torch.uint8)
+    finally:
+        gc.enable()
+    assert second.deltas.tolist() == [-300, 100]
+    assert second.peak == 0 and second.alive_blocks == {y.untyped_storage().data_ptr()}

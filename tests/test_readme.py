@@ -152,6 +152,7 @@ def test_recording_and_planning_commands_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_every_shell_command_runs(tmp_path: Path) -> None:
     """All of them in order, training and planned training included (about a minute on one core)."""
     run_commands(readme_commands(), tmp_path)

@@ -544,11 +544,16 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
     Every iteration runs under the profiler: the CPU allocator reports a
     block's size at its free only if it was allocated while profiling, and a
     swapped input's storage is refilled in one iteration and emptied in the next.
+    A free counts only if its block was allocated in one of these iterations:
+    the free of a block some earlier code allocated under another profiler
+    session (a test run before, the timeline's own probe) is not the
+    iteration's, and counted it would lower the peak by its size.
     """
     peak = 0
+    ours: frozenset[int] = frozenset()
     for i in range(iterations):
         optimizer.zero_grad(set_to_none=True)
-        timeline = AllocatorTimeline()
+        timeline = AllocatorTimeline(own_blocks=True, also_own=ours)
         with collector_still(), timeline:
             with runtime if runtime is not None else nullcontext():
                 out = model(*inputs)
@@ -556,6 +561,7 @@ def measured_cpu_peak(model: nn.Module, inputs: tuple, loss_fn: Callable[[Any], 
                 loss.backward()
             optimizer.step()
             del out, loss
+        ours = timeline.alive_blocks
         if i == iterations - 1:
             peak = timeline.peak  # type: ignore[union-attr]
     return int(baseline) + int(peak)

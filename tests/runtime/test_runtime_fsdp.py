@@ -236,11 +236,13 @@ def test_gpt_swap_recompute_mixed_bit_identical_and_peak_as_planned_on_every_ran
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_llama_swap_recompute_mixed_bit_identical_and_peak_as_planned_on_every_rank() -> None:
     _spawn([("llama", False, ("swap", "recompute", "mixed"))])
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_bf16_mixed_precision_policy_gpt_and_llama() -> None:
     _spawn([("gpt", True, ("swap", "mixed")), ("llama", True, ("recompute", "mixed"))])
 
