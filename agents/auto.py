@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from dqn_swap.cost import DeviceProfile, profile_of
+from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Plan
 from dqn_swap.planners import get_planner, plan_cost
 from dqn_swap.progress import progress
@@ -129,6 +130,7 @@ class AutoPlanner:
         return self._search
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         t0 = time.perf_counter()
         budget = self.seconds if self.seconds is not None else default_seconds(trace.n_events)
         end = t0 + budget

@@ -14,6 +14,7 @@ after its tensor's last forward use, checked and scheduled by the simulator).
 from __future__ import annotations
 
 from dqn_swap.cost import DeviceProfile, profile_of
+from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Action, ActionKind, Plan
 from dqn_swap.planners import last_forward_event, manual_plan, recomputable_activations, saved_activations
 from dqn_swap.trace import Trace
@@ -25,6 +26,7 @@ class SwapAllPlanner:
     name = "swap-all"
 
     def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         return manual_plan(trace, swap=saved_activations(trace), memory_limit=int(memory_limit), planner=self.name,
                            profile=profile)
 
@@ -35,6 +37,7 @@ class RecomputeAllPlanner:
     name = "recompute-all"
 
     def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         return manual_plan(trace, recompute=recomputable_activations(trace), memory_limit=int(memory_limit),
                            planner=self.name, profile=profile)
 
@@ -49,6 +52,7 @@ class GreedySwapPlanner:
     name = "greedy-swap"
 
     def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         from dqn_swap.simulator import Simulator
 
         limit = int(memory_limit)

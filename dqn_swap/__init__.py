@@ -26,6 +26,7 @@ these exceptions.
 """
 
 from .cost import PROFILES, DeviceProfile, get_profile
+from .errors import DqnSwapError, DqnSwapInputError, DqnSwapRuntimeError
 from .limits import MemoryLimit, MemoryLimitError
 from .plan import Action, ActionKind, Plan, PlanError
 from .trace import EventKind, Phase, Role, Trace, TraceBuilder, TraceError, resolve_memory_limit
@@ -38,7 +39,10 @@ __version__ = "0.1.0"
 #: ``inspect.signature`` show its own signature and docstring, not a wrapper's ``(*args, **kwargs)``.
 _LAZY = {"record_trace": ".recorder", "autoplan": ".user_loop", "AutoPlan": ".user_loop",
          "AutoPlanError": ".user_loop", "get_planner": ".agents", "PlannedExecution": ".runtime",
-         "simulate": ".simulator", "Simulator": ".simulator"}
+         "simulate": ".simulator", "Simulator": ".simulator", "RecordingError": ".recorder",
+         "InfeasiblePlanError": ".runtime", "PlannedOutOfMemoryError": ".runtime", "RecomputeError": ".runtime",
+         "TraceMismatchError": ".runtime", "UnsupportedTrainingError": ".runtime",
+         "AgentFileError": ".agents.dqn"}
 
 
 def __getattr__(name: str):  # noqa: ANN202 (lazy: torch and the rest load on first use)
@@ -56,7 +60,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["PROFILES", "Action", "ActionKind", "AutoPlan", "AutoPlanError", "DeviceProfile", "EventKind", "MemoryLimit", "MemoryLimitError", "Phase",
-           "Plan",
-           "PlanError", "PlannedExecution", "Role", "Simulator", "Trace", "TraceBuilder", "TraceError",
-           "autoplan", "get_planner", "get_profile", "record_trace", "resolve_memory_limit", "simulate"]
+__all__ = ["PROFILES", "Action", "ActionKind", "AgentFileError", "AutoPlan", "AutoPlanError", "DeviceProfile", "DqnSwapError",
+           "DqnSwapInputError", "DqnSwapRuntimeError", "EventKind", "InfeasiblePlanError", "MemoryLimit",
+           "MemoryLimitError", "Phase", "Plan", "PlanError", "PlannedExecution", "PlannedOutOfMemoryError", "RecomputeError",
+           "RecordingError", "Role", "Simulator", "Trace", "TraceBuilder", "TraceError", "TraceMismatchError",
+           "UnsupportedTrainingError", "autoplan", "get_planner", "get_profile", "record_trace", "resolve_memory_limit",
+           "simulate"]

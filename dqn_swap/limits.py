@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Union
 
+from .errors import DqnSwapInputError
 from .units import MAX_BYTES, format_bytes, parse_bytes
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ FORMS = "a percentage (50%: halfway from the least memory any plan needs to the 
         "a multiple of the unplanned peak (0.5x) or a size (8GiB, 512MB, 1e9 bytes)"
 
 
-class MemoryLimitError(ValueError):
+class MemoryLimitError(DqnSwapInputError):
     """A memory limit that cannot be used; the message is one line saying why and what to write."""
 
 
@@ -69,7 +70,11 @@ class MemoryLimit:
     # ------------------------------------------------------------------ parsing
     @classmethod
     def parse(cls, spec: LimitSpec) -> "MemoryLimit":
-        """Read any of the forms of the module docstring."""
+        """Read any of the forms of the module docstring.
+
+        Raises:
+            MemoryLimitError: ``spec`` is none of them, or ambiguous (a bare number in ``(0, 1]``).
+        """
         if isinstance(spec, MemoryLimit):
             return spec
         if isinstance(spec, bool):
@@ -130,6 +135,10 @@ class MemoryLimit:
         ``unplanned_peak``: the base of a multiple, measured on the device (default
         the trace's peak plus its outside bytes).
         ``check_minimum``: refuse a limit below the least memory any plan needs.
+
+        Raises:
+            MemoryLimitError: the limit is below that minimum (the message names it), or beyond any
+                device.
         """
         low, high = int(trace.minimum_memory), int(trace.peak_bytes)
         if self.kind == "percent":
@@ -179,10 +188,33 @@ def _number(text: str, whole: str) -> float:
     return value
 
 
+def plan_bytes(value: object, where: str) -> int:
+    """``value`` as the resolved bytes a plan may hold, at the inner boundary ``where`` (a simulator, a
+    planner): an ``int`` (or NumPy integer) of at least 0.  Anything else is refused in one line: a
+    float, a string or a :class:`MemoryLimit` is a limit not yet resolved against its trace (``0.5``
+    would otherwise quietly become 0 bytes).
+
+    Raises:
+        MemoryLimitError: ``value`` is not a whole number of bytes, or is negative.
+    """
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if isinstance(value, bool) or not (isinstance(value, int) or (kind is not None and kind in "iu"
+                                                                   and getattr(value, "ndim", 0) == 0)):
+        raise MemoryLimitError(f"{where} takes a memory limit resolved to bytes (an int), not {value!r}: "
+                               "resolve it first, resolve_limit(trace, limit), which reads " + FORMS)
+    if int(value) < 0:
+        raise MemoryLimitError(f"{where} takes a memory limit of at least 0 bytes, not {int(value)}")
+    return int(value)
+
+
 def resolve_limit(trace: "Trace", spec: LimitSpec, *, unplanned_peak: int | None = None,
                   check_minimum: bool = True) -> int:
-    """``spec`` (any form) in bytes for ``trace``: ``MemoryLimit.parse(spec).resolve(trace, ...)``."""
+    """``spec`` (any form) in bytes for ``trace``: ``MemoryLimit.parse(spec).resolve(trace, ...)``.
+
+    Raises:
+        MemoryLimitError: as :meth:`MemoryLimit.parse` and :meth:`MemoryLimit.resolve`.
+    """
     return MemoryLimit.parse(spec).resolve(trace, unplanned_peak=unplanned_peak, check_minimum=check_minimum)
 
 
-__all__ = ["FORMS", "LimitSpec", "MemoryLimit", "MemoryLimitError", "resolve_limit"]
+__all__ = ["FORMS", "LimitSpec", "MemoryLimit", "MemoryLimitError", "plan_bytes", "resolve_limit"]

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
+from .errors import DqnSwapInputError
 from .files import not_a_regular_file, other_kind, write_atomically
 from .units import MAX_BYTES
 
@@ -54,7 +55,7 @@ class ActionKind(enum.IntEnum):
     RECOMPUTE = 1
 
 
-class PlanError(ValueError):
+class PlanError(DqnSwapInputError):
     """A plan file that cannot be used; the message is one line naming the file."""
 
 
@@ -203,7 +204,12 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], trace: "Trace | None" = None) -> "Plan":
-        """Read a plan; with ``trace``, check that the plan was made for it."""
+        """Read a plan; with ``trace``, check that the plan was made for it.
+
+        Raises:
+            PlanError: the file is missing, not a plan, damaged, of another format version, or
+                (with ``trace``) made for another trace; the message is one line.
+        """
         from .checks import expect, expect_path
         from .trace import Trace
 

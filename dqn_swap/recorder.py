@@ -78,6 +78,7 @@ from torch.utils.module_tracker import ModuleTracker
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from .errors import DqnSwapRuntimeError
 from .meter import AllocatorTimeline, gradient_bytes
 from .ops import SCRATCH_MODELS, UNANNOTATED_WRITES, estimate_scratch, node_name, op_name
 from .threads import module_call_hooks
@@ -92,7 +93,7 @@ OptimizerArg = torch.optim.Optimizer | Callable[[Iterable[torch.nn.Parameter]], 
 _CUDA_BLOCK = 512
 
 
-class RecordingError(RuntimeError):
+class RecordingError(DqnSwapRuntimeError):
     """The model could not be recorded; the message says which op or step failed."""
 
 

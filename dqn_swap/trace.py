@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DqnSwapInputError
 from .files import not_a_regular_file, other_kind, write_atomically
 # Sizes (dqn_swap.units) are re-exported here too: the simulator, the runtime and users' code import them from here.
 from .units import MAX_BYTES, format_bytes, parse_bytes  # noqa: F401
@@ -113,7 +114,7 @@ MOVABLE_ROLES = (Role.SAVED,)
 MAX_SECONDS = 365 * 24 * 3600.0
 
 
-class TraceError(ValueError):
+class TraceError(DqnSwapInputError):
     """A trace file that cannot be used; the message is one line naming the file."""
 
 
@@ -587,7 +588,12 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Trace":
-        """Read a trace file; any problem raises :class:`TraceError` with one line."""
+        """Read a trace file.
+
+        Raises:
+            TraceError: the file is missing, not a trace, damaged or of another format version; the
+                message is one line.
+        """
         from .checks import expect_path
 
         path = Path(expect_path(path, "path"))

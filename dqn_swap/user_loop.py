@@ -87,6 +87,7 @@ from torch.utils._pytree import tree_flatten, tree_flatten_with_path
 from torch.utils.module_tracker import ModuleTracker
 
 from .cost import DEFAULT_PROFILE, DeviceProfile, get_profile
+from .errors import DqnSwapRuntimeError
 from .files import is_plain_name, write_atomically
 from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
@@ -119,7 +120,7 @@ FALLBACK_PLANNERS = ("greedy", "swap-all")
 GROWTH_SLACK = 1 << 20
 
 
-class AutoPlanError(RuntimeError):
+class AutoPlanError(DqnSwapRuntimeError):
     """Planned training cannot go on as asked; the message is one line saying why and what to do."""
 
 
@@ -1234,6 +1235,28 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
             the steps waiting for them run in safe mode; module docstring),
             ``tensorboard`` (a folder: :meth:`AutoPlan.figures` written there as TensorBoard scalars
             every ``log_every`` steps, default 10, and when the hooks come off).
+
+    Returns:
+        The :class:`AutoPlan` handle: ``planned.step()``, ``figures()``, ``summary()``, ``remove()``.
+
+    Raises:
+        MemoryLimitError: ``memory_limit`` is not a limit, or (at the first step) is below the least
+            memory any plan of the recorded iteration needs.
+        AutoPlanError: an option is unknown, or ``optimizer`` does not hold ``model``'s parameters;
+            later, a step misused (nested, two forward passes), a signature refused, or no planner
+            found a plan under the limit (with ``allow_infeasible`` off).
+        RecordingError: the model's iteration cannot be recorded (the message says why).
+
+    All of them are :class:`~dqn_swap.errors.DqnSwapError`.
+
+    Example::
+
+        planned = dqn_swap.autoplan(model, "50%", optimizer=opt)
+        for batch in loader:
+            with planned.step():
+                model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
     """
     return AutoPlan(model, memory_limit, planner=planner, optimizer=optimizer, cache=cache,
                     allow_infeasible=allow_infeasible, new_shapes=new_shapes, shapes=shapes, **options)

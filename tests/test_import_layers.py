@@ -55,7 +55,11 @@ EXCEPTIONS = {
     ("dqn_swap", "dqn_swap.agents"):
         "the package's face: dqn_swap.get_planner is re-exported for users (lazily, on first use)",
     ("dqn_swap", "dqn_swap.runtime"):
-        "the package's face: dqn_swap.PlannedExecution is re-exported for users (lazily, on first use)",
+        "the package's face: dqn_swap.PlannedExecution and the runtime's errors are re-exported for users (lazily, "
+        "on first use)",
+    ("dqn_swap", "dqn_swap.agents.dqn"):
+        "the package's face: dqn_swap.AgentFileError, one of the error family, is re-exported for users (lazily, "
+        "on first use)",
     ("dqn_swap.user_loop", "dqn_swap.agents"):
         "autoplan, the one-line entry point, must plan: it checks the planner's name against the "
         "agents' list and plans the recorded trace with get_planner",

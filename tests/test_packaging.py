@@ -42,7 +42,6 @@ SMOKE = """
 set -e
 dqn-swap record --model resnet_tiny --batch-size 4 -o r.trace
 dqn-swap plan r.trace -m 50% -o auto.json --search-seconds 1
-dqn-swap plan r.trace -m 50% --planner dqn -o dqn.json
 dqn-swap simulate r.trace --plan auto.json --json > sim.json
 dqn-swap compare r.trace --memory-limits 50% --planners greedy,lru,dqn -o cmp
 dqn-swap run --model mlp_tiny --batch-size 4 --device cpu -m 50% --planner lru --steps 1

@@ -128,8 +128,8 @@ def test_an_output_folder_removed_midway_is_made_again_and_the_run_ends_whole(tr
 
     out = tmp_path / "out"
     out.mkdir()
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, "train", str(trace), "-m", "50%", "--steps", "1000",
-                          "--set", "eval_every=200", "--set", "learning_starts=100", "-o", "out/a.pt"],
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, "train", str(trace), "-m", "50%", "--steps", "400",
+                          "--set", "eval_every=100", "--set", "learning_starts=50", "-o", "out/a.pt"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "a.pt.resume").exists() and p.poll() is None and time.monotonic() < deadline:

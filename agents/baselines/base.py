@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dqn_swap.cost import DeviceProfile, profile_of
+from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Action, ActionKind, Plan
 from dqn_swap.progress import Progress, progress
 from dqn_swap.simulator import SimResult, Simulator
@@ -314,6 +315,7 @@ class BasePlanner:
 
     def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
         """Plan ``trace`` under ``memory_limit`` bytes; ``profile`` defaults to the trace's own."""
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         profile = profile_of(trace, profile)
         with progress(self.name, self.progress_enabled()) as show:
             evaluator = Evaluator(trace, memory_limit, profile, show)

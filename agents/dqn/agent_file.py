@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from dqn_swap import checkpoints as shipped
+from dqn_swap.errors import DqnSwapInputError
 from dqn_swap.files import not_a_regular_file, other_kind, write_atomically
 
 from .config import DQNConfig
@@ -50,7 +51,7 @@ RESUME_FORMAT = "dqn-swap-agent-resume"
 ENSEMBLE_FORMAT = "dqn-swap-ensemble"
 
 
-class AgentFileError(ValueError):
+class AgentFileError(DqnSwapInputError):
     """An agent file that cannot be used; the message is one line naming the file."""
 
 

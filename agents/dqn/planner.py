@@ -53,6 +53,7 @@ import torch
 
 from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS
 from dqn_swap.cost import DeviceProfile
+from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Plan
 from dqn_swap.planners import plan_cost
 from dqn_swap.progress import Progress, progress
@@ -411,6 +412,7 @@ class DQNPlanner:
         raise TypeError(f"profile must be a name or a DeviceProfile, not {type(profile).__name__}")
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         t0 = time.perf_counter()
         with torch_threads(self.threads):
             if self.members:
@@ -517,6 +519,7 @@ class DQNSearchPlanner(DQNPlanner):
         self.time_budget = None if time_budget is None else float(time_budget)
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
+        memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         t0 = time.perf_counter()
         end = t0 + self.time_budget if self.time_budget is not None else np.inf
         cut: list[str] = []  # the stages the time budget cut short

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from ..errors import DqnSwapError
 from . import (compare_cmd, ensemble_cmd, explain_cmd, finetune_cmd, inspect_cmd, max_batch_cmd, record_cmd, run_cmd,
                simulate_cmd, train_cmd)
 
@@ -22,7 +23,7 @@ from . import (compare_cmd, ensemble_cmd, explain_cmd, finetune_cmd, inspect_cmd
 SUBCOMMANDS = [record_cmd, inspect_cmd, simulate_cmd, explain_cmd, max_batch_cmd, compare_cmd, train_cmd, finetune_cmd, ensemble_cmd, run_cmd]
 
 
-class UserError(Exception):
+class UserError(DqnSwapError):
     """A problem the user can fix; printed as one line."""
 
 

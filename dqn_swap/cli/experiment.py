@@ -321,7 +321,9 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
                                            cpu_baseline=trace.initial_bytes)
     base = results.get("unplanned", {})
     unplanned_peak = int(base.get("peak_allocated") or trace.meta.get("max_memory_allocated") or trace.peak_bytes)
-    limit = _resolve_limit(memory_limit, trace, unplanned_peak)  # the plan's own bytes
+    # the plan's own bytes: a saved plan's are already resolved (its memory_limit), and resolving them again
+    # as a size of the device would take the device's outside bytes off a second time
+    limit = int(plan.memory_limit) if plan is not None else _resolve_limit(memory_limit, trace, unplanned_peak)
     report["unplanned_peak_bytes"] = unplanned_peak
     report["unplanned_peak_source"] = "measured" if base.get("peak_allocated") else "trace"
     # the device's limit, which the measured peaks are held to: the plan's bytes and what the device

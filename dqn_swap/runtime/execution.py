@@ -98,6 +98,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..errors import DqnSwapInputError, DqnSwapRuntimeError
 from ..threads import module_call_hooks
 from ..limits import LimitSpec, resolve_limit
 from ..meter import gradient_bytes
@@ -122,15 +123,15 @@ SHAPES = ("exact", "bounded")
 CHECKS = ("ops", "packs")
 
 
-class PlannedOutOfMemoryError(torch.OutOfMemoryError):
+class PlannedOutOfMemoryError(DqnSwapRuntimeError, torch.OutOfMemoryError):
     """An allocation failed under a plan; the message names the op, the plan and the memory in use."""
 
 
-class UnsupportedTrainingError(RuntimeError):
+class UnsupportedTrainingError(DqnSwapRuntimeError):
     """The training setup is one the runtime cannot follow a plan in (the message says which and why)."""
 
 
-class InfeasiblePlanError(UnsupportedTrainingError):
+class InfeasiblePlanError(DqnSwapInputError):
     """The plan's own figures say the simulator found it infeasible (``plan.figures["feasible"]`` false):
     following it would not stay under its limit.  ``PlannedExecution(..., allow_infeasible=True)`` runs it."""
 

@@ -49,17 +49,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from ..errors import DqnSwapRuntimeError
 from ..ops import STATISTICS_ONLY, written_positions
 from ..plan import RecomputeStep
 
 _VIEW_LIKE = (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default)
 
 
-class TraceMismatchError(RuntimeError):
+class TraceMismatchError(DqnSwapRuntimeError):
     """The live iteration does not match the trace the plan was made for."""
 
 
-class RecomputeError(RuntimeError):
+class RecomputeError(DqnSwapRuntimeError):
     """A tensor the plan removed could not be recomputed exactly."""
 
 

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..cost import DeviceProfile, profile_of
+from ..limits import plan_bytes
 from ..lower_bound import lower_bound
 from ..plan import Action, ActionKind, Plan, Schedule
 from ..stop import kernel_interruption
@@ -54,7 +55,7 @@ class Simulator:
         if index is not None and index.trace is not trace:
             raise ValueError("index must be the TraceIndex of this trace")
         self.trace = trace
-        self.memory_limit = int(memory_limit)
+        self.memory_limit = plan_bytes(memory_limit, "Simulator")
         self.profile = profile
         self.engine = engine
         self.compute_time = trace.compute_time

@@ -470,6 +470,29 @@ def test_run_follows_a_saved_plan_and_refuses_one_for_another_trace(tmp_path, ca
     one_line_error(code, err, "a trace of batch size 2, not 1 (--batch-size)")
 
 
+def test_run_plan_holds_the_plan_bytes_beside_the_devices_outside_bytes(tmp_path, capsys):
+    """A saved plan's limit is its own bytes: ``run --plan`` adds what the device held outside the
+    recorded iteration (a GPU trace's ``outside_bytes``, set here on a CPU trace) once, and takes
+    nothing off (it once resolved the plan's bytes again as a device size, taking them off twice)."""
+    from dqn_swap.trace import Trace
+
+    trace_path, plan_path, report_path = tmp_path / "r.trace", tmp_path / "plan.json", tmp_path / "report.json"
+    run_quietly(["record", "--model", "mlp_tiny", "--batch-size", "4", "--device", "cpu", "-o", str(trace_path)])
+    trace = Trace.load(trace_path)
+    outside = 3000
+    trace.replace(meta={**trace.meta, "outside_bytes": outside}).save(trace_path, overwrite=True)
+    assert Trace.load(trace_path).outside_bytes == outside
+    run_quietly(["plan", str(trace_path), "-m", "50%", "--planner", "sqrt-n", "-o", str(plan_path)])
+    saved = json.loads(plan_path.read_text())
+    code, _, err = run(["run", "--model", "mlp_tiny", "--batch-size", "4", "--device", "cpu", "--plan",
+                        str(plan_path), "--trace", str(trace_path), "--steps", "1", "--methods", "planned",
+                        "-o", str(report_path), "--quiet"], capsys)
+    assert code == 0, err
+    report = json.loads(report_path.read_text())
+    assert report["trace"]["outside_bytes"] == outside
+    assert report["memory_limit"] == saved["memory_limit"] + outside
+
+
 @pytest.mark.parametrize("args,message", [
     (["-m", "50%", "--plan", "p.json"], "--memory-limit does not go with --plan"),
     (["--plan", "p.json", "--planner", "lru"], "--planner does not go with --plan"),
