@@ -38,7 +38,7 @@ from .trace import EventKind, Phase, Trace
 
 #: The kinds a planner is registered under, in the order names are listed.
 #: ``switch``: what users switch on instead of planning (a framework's checkpointing or offloading flag).
-KINDS = ("dqn", "baseline", "switch", "optimal", "simple")
+KINDS = ("dqn", "baseline", "switch", "optimal", "simple", "user")
 
 #: The planner every entry point uses unless told otherwise (``dqn_swap.agents.auto``).
 DEFAULT_PLANNER = "auto"
@@ -81,13 +81,29 @@ class PlannerEntry:
 _REGISTRY: dict[str, PlannerEntry] = {}
 
 
-def register(name: str, factory: Callable[..., Planner], *, kind: str, summary: str,
+def register(name: str, factory: Callable[..., Planner], *, kind: str = "user", summary: str | None = None,
              takes_agent: bool = False) -> None:
     """Register the planner ``name``: ``factory(**settings)`` builds it (see :class:`PlannerEntry`).
 
-    Registering a name twice with another factory is an error (``ValueError``), as is a kind
-    outside :data:`KINDS` or a summary that is not one line.
+    A user's own planner needs only its name and factory: a class or a function that returns an
+    object with ``plan(trace, memory_limit, profile=None) -> Plan`` (``memory_limit``: the plan's
+    resolved bytes).  Its summary defaults to the first line of the factory's docstring.  Every
+    entry point then takes the name: :func:`get_planner`, ``autoplan(planner=...)`` and the command
+    line's ``--planner``, which also takes ``package.module:name`` and registers it on the way.
+
+    Raises:
+        ValueError: the name is taken by another factory, the kind is outside :data:`KINDS`, or the
+            summary is not one line.
+
+    Example::
+
+        dqn_swap.planners.register("keep-all", lambda: KeepAll())
+        planned = dqn_swap.autoplan(model, "50%", planner="keep-all")
     """
+    if summary is None:
+        doc = (getattr(factory, "__doc__", None) or "").strip()
+        summary = doc.splitlines()[0] if doc and factory.__doc__ is not type(factory).__doc__ else \
+            f"a planner registered by the user ({getattr(factory, '__qualname__', type(factory).__name__)})"
     if not isinstance(name, str) or not name or name in RENAMED:
         raise ValueError(f"a planner's name must be a new non-empty string, not {name!r}")
     if kind not in KINDS:
@@ -99,6 +115,18 @@ def register(name: str, factory: Callable[..., Planner], *, kind: str, summary: 
     if old is not None and old != entry:
         raise ValueError(f"planner {name!r} is already registered (kind {old.kind})")
     _REGISTRY[name] = entry
+
+
+def unregister(name: str) -> None:
+    """Remove a planner registered with kind ``user``; the project's own stay.
+
+    Raises:
+        ValueError: ``name`` is not a registered user planner.
+    """
+    entry = _REGISTRY.get(name)
+    if entry is None or entry.kind != "user":
+        raise ValueError(f"{name!r} is not a planner registered by the user")
+    del _REGISTRY[name]
 
 
 def planner_names(kind: str | None = None) -> tuple[str, ...]:
@@ -115,12 +143,30 @@ def planner_entry(name: str) -> PlannerEntry:
     entry = _REGISTRY.get(name) if isinstance(name, str) else None
     if entry is not None:
         return entry
+    if isinstance(name, str) and ":" in name and name.partition(":")[0] not in ("hf", "gen"):
+        return _user_planner(name)
     if isinstance(name, str) and name in RENAMED:
         raise ValueError(f"planner {name!r} is now called {RENAMED[name]!r}")
     if not _REGISTRY:
         raise ValueError(f"unknown planner {name!r}: no planner is registered yet; import dqn_swap.agents "
                          "(dqn_swap.get_planner does) to register them")
     raise ValueError(f"unknown planner {name!r}; choose one of: {', '.join(planner_names())}")
+
+
+def _user_planner(spec: str) -> PlannerEntry:
+    """Register the planner ``package.module:name`` names (module docstring of :func:`register`): a
+    factory, or a planner object (anything with a ``plan`` method that is not a class)."""
+    from .user_code import load_attribute
+
+    obj = load_attribute(spec, "planner")
+    if callable(getattr(obj, "plan", None)) and not isinstance(obj, type):
+        register(spec, lambda: obj, summary=f"{spec}, the user's planner")
+    elif callable(obj):
+        register(spec, obj)
+    else:
+        raise ValueError(f"planner {spec!r} is neither a planner (an object with a plan method) nor a function "
+                         "or class that makes one")
+    return _REGISTRY[spec]
 
 
 def check_planner_name(name: str) -> str:
@@ -136,9 +182,11 @@ def get_planner(name: str, *, agent: str | None = None, **settings: Any) -> Plan
     An unknown name raises ``ValueError`` naming the registered ones; a renamed one names its new name.
     """
     entry = planner_entry(name)
-    if entry.takes_agent:
-        return entry.factory(agent=agent, **settings)
-    return entry.factory(**settings)
+    planner = entry.factory(agent=agent, **settings) if entry.takes_agent else entry.factory(**settings)
+    if not callable(getattr(planner, "plan", None)):
+        raise ValueError(f"planner {name!r}: its factory made a {type(planner).__name__}, which has no "
+                         "plan(trace, memory_limit, profile) method")
+    return planner
 
 
 def planner_help(kind: str | None = None) -> str:
@@ -212,4 +260,4 @@ def manual_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int]
 
 __all__ = ["KINDS", "RENAMED", "Planner", "PlannerEntry", "check_planner_name", "get_planner",
            "last_forward_event", "manual_plan", "planner_entry", "planner_help", "planner_names",
-           "recomputable_activations", "register", "saved_activations"]
+           "recomputable_activations", "register", "saved_activations", "unregister"]

@@ -421,7 +421,7 @@ class AutoPlan:
         last_entry: the :class:`Entry` the last planned step followed.
     """
 
-    def __init__(self, model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = DEFAULT_PLANNER,
+    def __init__(self, model: torch.nn.Module, memory_limit: LimitSpec, *, planner: Any = DEFAULT_PLANNER,
                  optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
                  allow_infeasible: bool = False, new_shapes: str = "plan",
                  profile: str | DeviceProfile | None = None, planner_options: dict[str, Any] | None = None,
@@ -450,7 +450,6 @@ class AutoPlan:
             raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         from .checks import expect, expect_path
 
-        expect(planner, str, "planner")
         expect_path(cache, "cache", none=True)
         expect(planner_options, dict, "planner_options", none=True)
         expect(runtime_options, dict, "runtime_options", none=True)
@@ -466,12 +465,22 @@ class AutoPlan:
             if theirs and not any(id(p) in mine for p in theirs):
                 raise AutoPlanError("the optimizer holds none of the model's parameters: pass the optimizer that "
                                     "steps this model")
-        from .agents import check_planner_name
+        given_planner: Any = None
+        if isinstance(planner, str):
+            from .agents import check_planner_name
 
-        try:
-            check_planner_name(planner)
-        except ValueError as e:
-            raise AutoPlanError(str(e)) from None
+            try:
+                check_planner_name(planner)
+            except ValueError as e:
+                raise AutoPlanError(str(e)) from None
+        elif callable(getattr(planner, "plan", None)) and not isinstance(planner, type):
+            if planner_options:
+                raise AutoPlanError("planner_options go with a planner's name; a planner object comes built")
+            given_planner = planner  # the user's own planner object (registered or not)
+            planner = str(getattr(planner, "name", "") or type(planner).__qualname__)
+        else:
+            raise TypeError(f"planner must be str (a planner's name) or an object with plan(trace, memory_limit, "
+                            f"profile), not {type(planner).__name__}")
         from .limits import MemoryLimit
 
         MemoryLimit.parse(memory_limit)  # a malformed limit is refused now, not at the first step
@@ -497,7 +506,9 @@ class AutoPlan:
         # Every input of a plan but the iteration itself: the limit, the planner and its options, the
         # profile, and whether shapes go by bucket (a bucket's plan is made for the largest of its members
         # so far).  Part of every entry's key, so that a cache made for one limit is never read for another.
-        inputs = (str(memory_limit), planner, sorted(self.planner_options.items()), sorted(self.profile.to_dict().items()))
+        # (a planner object is known by its class and name: a cache keeps its plans under those)
+        who = planner if given_planner is None else f"{type(given_planner).__module__}.{type(given_planner).__qualname__}:{planner}"
+        inputs = (str(memory_limit), who, sorted(self.planner_options.items()), sorted(self.profile.to_dict().items()))
         self.plan_key = hashlib.sha256(repr(inputs + (("bucket",) if shapes == "bucket" else ())).encode()
                                        ).hexdigest()[:8]
         self.entries: dict[str, Entry] = {}
@@ -516,7 +527,7 @@ class AutoPlan:
         self.last: str | None = None
         self.last_entry: Entry | None = None
         self.steps = 0
-        self._planner: Any = None
+        self._planner: Any = given_planner
         self._shapes: set[str] = set()  # shape keys of the calls seen in planned.step()
         self._warm = optimizer is None
         self._warm_pending = False
@@ -1205,7 +1216,7 @@ class _Handle:
         self.handle.remove()
 
 
-def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = DEFAULT_PLANNER,
+def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: Any = DEFAULT_PLANNER,
              optimizer: torch.optim.Optimizer | None = None, cache: str | Path | None = None,
              allow_infeasible: bool = False, new_shapes: str = "plan", shapes: str = "bucket",
              **options: Any) -> AutoPlan:
@@ -1218,7 +1229,9 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: str = 
             a percentage is of each recorded iteration's own range.
         planner: a planner of :func:`dqn_swap.get_planner` (default ``auto``: the fastest plan of
             ``dqn-search`` and of the quick baselines polished by local search, in a few seconds;
-            ``dqn`` for the agent alone, a baseline by its name).
+            ``dqn`` for the agent alone, a baseline by its name, a name given to
+            :func:`dqn_swap.planners.register`), or the user's own planner object: anything with
+            ``plan(trace, memory_limit, profile=None) -> Plan``.
         optimizer: the optimizer the loop steps; its state and its step join the trace.  Without
             it the trace holds forward and backward alone.
         cache: a folder keeping traces and plans across runs (read first, then added to).

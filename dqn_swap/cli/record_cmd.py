@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
-from pathlib import Path
 
 from ..cost import DEFAULT_PROFILE, PROFILES
+from ..user_code import load_attribute
 from .common import MAX_SEED, batch_size, check_host_memory, human, print_json, print_table, whole
 
 
@@ -46,22 +44,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _import_from_here(module_name: str):
-    """Import the user's module as ``python -m`` would: the current folder is searched first, also by
-    the installed ``dqn-swap`` command (whose script's folder, not the current one, heads ``sys.path``)."""
-    import os
-
-    here = os.getcwd()
-    added = here not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, here)
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        if added and here in sys.path:
-            sys.path.remove(here)
-
-
 def load_workload(spec: str, batch_size: int, device: str, seed: int, seq_len: int | None = None):
     """A zoo workload by name, or a user's from ``module:function`` (``seq_len``: Hugging Face
     language models only)."""
@@ -74,10 +56,7 @@ def load_workload(spec: str, batch_size: int, device: str, seed: int, seq_len: i
         return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
     if seq_len is not None:
         raise ValueError(f"model {spec!r}: only Hugging Face language models (hf:NAME) take a sequence length")
-    try:
-        fn = getattr(_import_from_here(module_name), fn_name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"cannot load model {spec!r}: {e}") from None
+    fn = load_attribute(spec, "model")
     if not callable(fn):
         raise ValueError(f"model {spec!r}: {module_name}.{fn_name} is not a function")
     try:

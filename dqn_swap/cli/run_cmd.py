@@ -52,7 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=batch_size, default=32, help="batch size (default 32)")
     p.add_argument("--memory-limit", "-m", help=RUN_LIMIT_HELP + " (required unless --plan gives it)")
     p.add_argument("--planner",
-                   help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}")
+                   help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}; or your own, "
+                        "package.module:name (a planner class or factory of the current folder's code)")
     p.add_argument("--plan", metavar="FILE",
                    help="follow this saved plan (dqn-swap plan) instead of planning: it must have been made "
                         "for the trace run records, that is one recorded by dqn-swap record with the same "

@@ -24,7 +24,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
     p.add_argument("--planner", default=None,
-                   help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}")
+                   help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}; or your own, "
+                        "package.module:name (a planner class or factory of the current folder's code)")
     p.add_argument("--agent", help=f"for --planner auto / dqn / dqn-search: {AGENT_HELP}")
     p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
                    help="how --planner dqn reads its Q-values: greedy (one action, then look again), "
