@@ -285,6 +285,46 @@ def test_the_core_has_no_import_cycle() -> None:
     assert "dqn_swap.units" in graph["dqn_swap.limits"] and "dqn_swap.trace" not in graph["dqn_swap.limits"]
 
 
+def test_no_import_cycle_anywhere() -> None:
+    """No cycle among all the package's modules (the core, the environment, the agents, the
+    runtime, the command line), lazy imports inside functions included: a module that needs what
+    imports it holds a piece that belongs elsewhere.  Imports under ``if TYPE_CHECKING`` do not count."""
+    graph: dict[str, set[str]] = {}
+    for arrow in all_arrows():
+        if not arrow.typing_only and layer_of(arrow.source) is not None and layer_of(arrow.target) is not None \
+                and arrow.source != arrow.target:
+            graph.setdefault(arrow.source, set()).add(arrow.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for start in sorted(graph):
+        if start not in index:
+            visit(start)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+    assert "dqn_swap.agents.dqn" in {layer_of(m) and m.rsplit(".", 1)[0] for m in graph}  # the agents are in it
+
+
 # ------------------------------------------------------------------------- the checker itself
 def test_the_checker_sees_lazy_relative_face_and_importlib_imports() -> None:
     """A core module with each kind of import into the agents: every one is found and refused."""

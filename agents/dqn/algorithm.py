@@ -493,7 +493,8 @@ def _train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[
     # ---- demonstrations (DQfD): the best baseline's replayed plan of every cell, kept for the whole run
     demo_rb, demo_info = None, []
     if config.demonstrations == "best-baseline":
-        from .demonstrations import demonstrations, replay_nodes, teacher_planner
+        from .demonstrations import demonstrations, replay_nodes
+        from .planner import teacher_planner
 
         teacher = teacher_planner(config.demo_teacher) if config.demo_teacher else None
         demo_episodes, demo_info = demonstrations(envs, teacher=teacher)

@@ -171,31 +171,13 @@ def corrections(env: SwapRecomputeEnv, teacher: tuple[Action, ...] | list[Action
             return out
 
 
-def teacher_planner(spec: str) -> Any:
-    """The planner ``demo_teacher`` names (:class:`~dqn_swap.agents.dqn.config.DQNConfig`): agent
-    files, comma-separated, decoded by members (an ensemble's mean and each of its agents, every
-    further file in its own environment; the simulator keeps the fastest plan); a single agent file
-    alone is decoded greedily.  Raises :class:`~dqn_swap.agents.dqn.agent_file.AgentFileError`
-    naming a file that does not load."""
-    from .planner import DQNPlanner  # the planner module imports this one
-    from .policy import QEnsemble
-
-    files = [s.strip() for s in spec.split(",") if s.strip()]
-    if not files:
-        raise ValueError(f"DQN setting demo_teacher names no agent file: {spec!r}")
-    first = DQNPlanner(files[0])
-    if len(files) == 1 and not isinstance(first.net, QEnsemble):
-        return first
-    return DQNPlanner(files[0], members=True, more_agents=files[1:])
-
-
 def best_demonstration(env: SwapRecomputeEnv, planners: tuple[str, ...] | None = None, teacher: Any = None
                        ) -> tuple[list[DemoStep], dict[str, Any]]:
     """The best replayed plan of ``planners`` on ``env``'s cell: every feasible plan is replayed and
     the replay that ends feasible with the least simulated overhead is kept (a replay stops once the
     iteration fits, so it may do better than its plan; actions the environment does not offer are
     left out, so it may also do worse).  ``planners`` defaults to :func:`demonstrators`;
-    ``teacher`` (:func:`teacher_planner`) adds its plan, as the planner ``"teacher"``."""
+    ``teacher`` (:func:`~dqn_swap.agents.dqn.planner.teacher_planner`) adds its plan, as the planner ``"teacher"``."""
     best: tuple[tuple[bool, float], list[DemoStep], dict[str, Any]] | None = None
     named = [(name, get_planner(name)) for name in (planners if planners is not None else demonstrators())]
     for name, planner in named + ([("teacher", teacher)] if teacher is not None else []):
@@ -226,5 +208,5 @@ def demonstrations(envs: list[SwapRecomputeEnv], planners: tuple[str, ...] | Non
 
 
 __all__ = ["DemoStep", "PlanTeacher", "action_nodes", "best_demonstration", "corrections", "demonstration_episode",
-           "demonstrations", "demonstrators", "polished_episode", "replay_nodes", "teacher_planner"]
+           "demonstrations", "demonstrators", "polished_episode", "replay_nodes"]
 

@@ -564,3 +564,17 @@ class DQNSearchPlanner(DQNPlanner):
                              cut_by_time=cut)
         return plan
 
+
+def teacher_planner(spec: str) -> Any:
+    """The planner ``demo_teacher`` names (:class:`~dqn_swap.agents.dqn.config.DQNConfig`): agent
+    files, comma-separated, decoded by members (an ensemble's mean and each of its agents, every
+    further file in its own environment; the simulator keeps the fastest plan); a single agent file
+    alone is decoded greedily.  Raises :class:`~dqn_swap.agents.dqn.agent_file.AgentFileError`
+    naming a file that does not load."""
+    files = [s.strip() for s in spec.split(",") if s.strip()]
+    if not files:
+        raise ValueError(f"DQN setting demo_teacher names no agent file: {spec!r}")
+    first = DQNPlanner(files[0])
+    if len(files) == 1 and not isinstance(first.net, QEnsemble):
+        return first
+    return DQNPlanner(files[0], members=True, more_agents=files[1:])

@@ -212,7 +212,7 @@ def test_corrections_label_the_students_own_states_with_the_teachers_actions(tin
 def test_a_teacher_agents_plan_joins_the_demonstrations(tiny_resnet_trace, tmp_path):
     """``demo_teacher``: the named agents' plan, decoded by members, is one more candidate
     demonstration; the best replay is kept, and a training run records which one it was."""
-    from dqn_swap.agents.dqn.demonstrations import teacher_planner
+    from dqn_swap.agents.dqn.planner import teacher_planner
 
     env = make_env(tiny_resnet_trace, LIMIT, None, DQNConfig())
     teacher = teacher_planner("ensemble, ensemble_groups")
