@@ -18,7 +18,7 @@ README = ROOT / "README.md"
 
 # The heading above each ```python block, and the test below that runs it.
 PYTHON_BLOCKS = ("### Record a trace", "### From Python", "### In your own loop: one line", "### With Hugging Face's `Trainer`",
-                 "### A plan you made")
+                 "### A plan you made", "### Your own planner")
 
 
 def python_block(after_heading: str) -> str:
@@ -52,6 +52,28 @@ def test_every_python_block_is_run_by_a_test() -> None:
     blocks = [m.start() for m in re.finditer(r"```python\n", text)]
     covered = {text.index("```python\n", text.index(h)) for h in PYTHON_BLOCKS}
     assert sorted(covered) == blocks
+
+
+def test_the_readme_is_a_guide_of_at_most_400_lines() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 400
+    # the two commands first, then the user's own model in the user's own loop
+    assert text.index("## Two commands") < text.index("### In your own loop: one line") < text.index("## Recording traces")
+
+
+def test_ones_own_planner_example_registers_a_planner_that_plans(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from dqn_swap.agents import get_planner
+    from dqn_swap.planners import unregister
+    from .conftest import record_mlp
+
+    try:
+        run_block("### Your own planner", monkeypatch, tmp_path)
+        trace = record_mlp("meta")
+        plan = get_planner("swap-everything").plan(trace, trace.peak_bytes)
+        assert plan.planner == "swap-everything" and plan.n_swap > 0
+    finally:
+        unregister("swap-everything")
 
 
 def test_a_model_of_ones_own_records_from_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
