@@ -70,10 +70,13 @@ def test_the_installed_wheel_records_plans_and_trains_from_another_folder(wheel:
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS="1", PATH=f"{fresh / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
-    where = subprocess.run([str(python), "-c", "import dqn_swap.agents.auto as a, dqn_swap.simulator as s; "
-                            "print(a.__file__); print(s.__file__)"], cwd=work, env=env, capture_output=True,
-                           text=True, check=True).stdout.split()
+    # The simulator's reference engine: the compiled one's kernels would be compiled again for this copy of
+    # the package (12 s of the suite); its module is imported from the installed files above, and the
+    # engines agree (tests/test_simulator_engines.py).
+    env.update(OMP_NUM_THREADS="1", DQN_SWAP_ENGINE="python", PATH=f"{fresh / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    where = subprocess.run([str(python), "-c", "import dqn_swap.agents.auto as a, dqn_swap.simulator as s, "
+                            "dqn_swap.simulator.compiled as c; print(a.__file__); print(s.__file__); print(c.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
     assert all(w.startswith(str(site)) for w in where), where  # the installed files, not the source tree's
     assert (fresh / "bin" / "dqn-swap").exists()  # the console command pip made from the wheel's entry point
     p = subprocess.run(["bash", "-c", SMOKE], cwd=work, env=env, capture_output=True, text=True, timeout=600)

@@ -78,7 +78,7 @@ def test_bound_is_valid_on_a_network(tiny_resnet_trace: Trace) -> None:
     sim = Simulator(trace, 0, PROFILE)
     for f in (0.3, 0.6):
         limit = between(trace, f)
-        plan = OptimalPlanner(**(QUICK | {"time_limit": 5.0})).plan(trace, limit, PROFILE)  # a bound at any time
+        plan = OptimalPlanner(**(QUICK | {"time_limit": 2.0})).plan(trace, limit, PROFILE)  # a bound at any time
         bound = plan.settings["certified_bound"]
         assert bound >= Simulator(trace, limit, PROFILE).lower_bound * (1 - 1e-12)
         assert plan.figures["feasible"]
@@ -95,7 +95,7 @@ def test_bound_is_valid_on_a_network(tiny_resnet_trace: Trace) -> None:
 def test_never_worse_than_a_baseline_in_its_own_model(tiny_resnet_trace: Trace) -> None:
     """Solved to optimality, the program's value is at most what it charges any baseline's plan."""
     trace = tiny_resnet_trace
-    limit = between(trace, 0.4)
+    limit = between(trace, 0.6)  # (solved to optimality in 1.7 CPU s; at 40 % it takes 9)
     sim = Simulator(trace, limit, PROFILE)
     cands = candidates(sim)
     prog = SwapProgram(sim, cands, critical_ops(sim, cands))
