@@ -34,7 +34,8 @@ import numpy as np
 
 from .cost import DeviceProfile, profile_of
 from .plan import Action, ActionKind, Plan
-from .trace import EventKind, Phase, Trace
+from .activations import last_forward_event, saved_activations
+from .trace import Trace
 
 #: The kinds a planner is registered under, in the order names are listed.
 #: ``switch``: what users switch on instead of planning (a framework's checkpointing or offloading flag).
@@ -174,19 +175,43 @@ def check_planner_name(name: str) -> str:
     return planner_entry(name).name
 
 
-def get_planner(name: str, *, agent: str | None = None, **settings: Any) -> Planner:
+def get_planner(name: str, *, agent: str | None = None, pins: Any = None, **settings: Any) -> Planner:
     """The planner called ``name`` with ``settings`` (its own keyword arguments).
 
     ``agent`` is the agent file of the planners that read one (the learned planners, and the exact
     planner for its ``dqn`` incumbent; default: the shipped agent); the others ignore it.
-    An unknown name raises ``ValueError`` naming the registered ones; a renamed one names its new name.
+    ``pins`` (:class:`dqn_swap.pins.Pins`, or its dict): activations every plan must keep or
+    recompute; the planner's plans are made to honour them (:func:`enforce_pins`).
+
+    Raises:
+        ValueError: an unknown name (the message names the registered ones), a renamed one (it
+            names the new name), or a factory that makes no planner.
     """
     entry = planner_entry(name)
     planner = entry.factory(agent=agent, **settings) if entry.takes_agent else entry.factory(**settings)
     if not callable(getattr(planner, "plan", None)):
         raise ValueError(f"planner {name!r}: its factory made a {type(planner).__name__}, which has no "
                          "plan(trace, memory_limit, profile) method")
+    if pins:
+        from .pins import Pins
+
+        return _Pinned(planner, pins if isinstance(pins, Pins) else Pins.from_dict(pins))
     return planner
+
+
+class _Pinned:
+    """A planner whose plans honour pins (:func:`get_planner`'s ``pins``)."""
+
+    def __init__(self, planner: Planner, pins: Any) -> None:
+        self.planner, self.pins = planner, pins
+        self.name = getattr(planner, "name", type(planner).__name__)
+
+    def __getattr__(self, attr: str) -> Any:  # the wrapped planner's settings and the rest
+        return getattr(self.planner, attr)
+
+    def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
+        pinned_sets(trace, self.pins)  # pins that cannot hold on this trace are refused before planning
+        return enforce_pins(trace, self.planner.plan(trace, memory_limit, profile), self.pins, profile)
 
 
 def planner_help(kind: str | None = None) -> str:
@@ -203,18 +228,6 @@ def plan_cost(plan: Plan) -> tuple[bool, float]:
 
 
 # --------------------------------------------------------------------------- plans made by hand
-def saved_activations(trace: Trace) -> list[int]:
-    """Tensor ids of the saved tensors a plan may move (saved for backward, made in the forward
-    pass or an input, used again after their last forward use), in packing order."""
-    action, _ = trace.action_window
-    seen: dict[int, None] = {}
-    for tid in trace.saved.tolist():
-        op = trace.tensor_alloc_op[tid]
-        if action[tid] >= 0 and (op < 0 or trace.op_phase[op] == Phase.FORWARD):
-            seen.setdefault(int(tid), None)
-    return list(seen)
-
-
 def recomputable_activations(trace: Trace) -> list[int]:
     """The :func:`saved_activations` a plan may remove for recomputation (the simulator's rules)."""
     from .simulator import Simulator
@@ -222,15 +235,6 @@ def recomputable_activations(trace: Trace) -> list[int]:
     sim = Simulator(trace, trace.peak_bytes)
     return [t for t in saved_activations(trace)
             if sim.why_invalid(Action(last_forward_event(trace, t), t, ActionKind.RECOMPUTE)) is None]
-
-
-def last_forward_event(trace: Trace, tid: int) -> int:
-    """The last event of ``tid`` in its last forward use (the event a plan acts after)."""
-    op = int(trace.action_window[0][tid])
-    ev = np.flatnonzero((trace.event_tensor == tid) & (trace.event_op == op) & (trace.event_kind != EventKind.FREE))
-    if op < 0 or not len(ev):
-        raise ValueError(f"tensor {tid} is not an activation a plan can move")
-    return int(ev[-1])
 
 
 def manual_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int] = (), *,
@@ -258,6 +262,66 @@ def manual_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int]
                 profile=name, planner=planner, figures=result.figures(), schedule=result.schedule)
 
 
-__all__ = ["KINDS", "RENAMED", "Planner", "PlannerEntry", "check_planner_name", "get_planner",
-           "last_forward_event", "manual_plan", "planner_entry", "planner_help", "planner_names",
+def pinned_sets(trace: Trace, pins: Any) -> tuple[frozenset[int], frozenset[int]]:
+    """``pins`` (:class:`dqn_swap.pins.Pins`) resolved on ``trace``: the tensor ids kept and recomputed.
+
+    Raises:
+        PinError: as :meth:`Pins.resolve <dqn_swap.pins.Pins.resolve>`, or a pinned recompute the
+            simulator does not allow.
+    """
+    from .pins import PinError, _maker
+
+    keep, recompute = pins.resolve(trace)
+    if recompute:
+        bad = sorted(recompute - set(recomputable_activations(trace)))
+        if bad:
+            raise PinError(f"tensor {bad[0]} (made by {_maker(trace, bad[0])}) cannot be recomputed: the "
+                           "simulator allows no re-run of it (its inputs are gone by backward, or it is an "
+                           "input); pin it to keep, or leave it to the planner")
+    return keep, recompute
+
+
+def enforce_pins(trace: Trace, plan: Plan, pins: Any, profile: DeviceProfile | str | None = None) -> Plan:
+    """``plan`` made to honour ``pins`` (module docstring): actions on kept tensors dropped, a pinned
+    recompute added where missing (a swap of it replaced), then, if it no longer fits, the largest
+    activations left free swapped, one at a time, until it does.  ``plan.settings`` records the pins
+    and what was changed (``pins_changed``: actions dropped, added and swaps added to fit)."""
+    import dataclasses
+
+    from .simulator import Simulator
+
+    keep, recompute = pinned_sets(trace, pins)
+    kept = [a for a in plan.actions if a.tensor not in keep
+            and not (a.tensor in recompute and a.kind == ActionKind.SWAP)]
+    dropped = len(plan.actions) - len(kept)
+    have = {a.tensor for a in kept}
+    added = [Action(last_forward_event(trace, t), t, ActionKind.RECOMPUTE) for t in sorted(recompute - have)]
+    actions = kept + added
+    changed = {"dropped": dropped, "added": len(added), "swaps_to_fit": 0}
+    prof = profile_of(trace, profile if profile is not None else (plan.profile or None))
+    sim = Simulator(trace, int(plan.memory_limit), prof)
+    result = sim.run(actions) if (dropped or added) else None
+    if result is not None and not result.feasible and plan.figures.get("feasible"):
+        can_swap = sim.valid_actions().can_swap
+        free = [t for t in saved_activations(trace) if t not in keep and t not in recompute and t not in have]
+        for t in sorted(free, key=lambda t: -int(trace.tensor_nbytes[t])):
+            e = last_forward_event(trace, t)
+            if not can_swap[e]:
+                continue
+            actions.append(Action(e, t, ActionKind.SWAP))
+            changed["swaps_to_fit"] += 1
+            result = sim.run(actions)
+            if result.feasible:
+                break
+    settings = {**plan.settings, "pins": pins.to_dict()}
+    if result is None:
+        return dataclasses.replace(plan, settings=settings)
+    settings["pins_changed"] = changed
+    return Plan(actions=Plan.sorted_actions(actions), memory_limit=plan.memory_limit,
+                trace_fingerprint=plan.trace_fingerprint, profile=plan.profile, planner=plan.planner,
+                figures=result.figures(), schedule=result.schedule, settings=settings)
+
+
+__all__ = ["KINDS", "RENAMED", "Planner", "PlannerEntry", "check_planner_name", "enforce_pins", "get_planner",
+           "last_forward_event", "manual_plan", "planner_entry", "pinned_sets", "planner_help", "planner_names",
            "recomputable_activations", "register", "saved_activations", "unregister"]

@@ -45,7 +45,24 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
                    help=SEARCH_SIMULATIONS_HELP)
     p.add_argument("--search-seconds", type=seconds, default=None, metavar="SECONDS", help=SEARCH_SECONDS_HELP)
+    p.add_argument("--keep", action="append", default=[], metavar="PIN",
+                   help="a saved activation every plan must keep on the device (never swapped nor recomputed): "
+                        "a tensor id, or a pattern matched against the name of the module whose op made it "
+                        "('layers.0.*') or the op's ('aten.gelu*'); repeat for more")
+    p.add_argument("--recompute", action="append", default=[], metavar="PIN",
+                   help="a saved activation every plan must recompute (same forms as --keep)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def pins_of(args: argparse.Namespace):  # noqa: ANN201
+    """``--keep`` and ``--recompute`` as :class:`~dqn_swap.pins.Pins` (a number is a tensor id), or None."""
+    from ..pins import Pins
+
+    def one(text: str) -> int | str:
+        return int(text) if text.strip().isdigit() else text
+
+    pins = Pins(tuple(one(x) for x in args.keep), tuple(one(x) for x in args.recompute))
+    return pins or None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -137,7 +154,7 @@ def certified(plan) -> dict:  # noqa: ANN001
 
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
               decode: str = "auto", time_limit: float | None = None, search_simulations: int | None = None,
-              search_seconds: float | None = None, members: list[str] | None = None):
+              search_seconds: float | None = None, members: list[str] | None = None, pins=None):  # noqa: ANN001
     """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
     from dqn_swap.agents import get_planner
 
@@ -153,7 +170,11 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     limit = resolve_memory_limit(trace, limit_text)
     say_outside(trace, limit_text, limit)
     profile = profile_of(trace, profile_name)
-    planner = get_planner(planner_name, agent=agent,
+    if pins:
+        from ..planners import pinned_sets
+
+        pinned_sets(trace, pins)  # pins that cannot hold are refused before planning
+    planner = get_planner(planner_name, agent=agent, pins=pins,
                           **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations,
                                              search_seconds=search_seconds, members=members))
     t0 = time.perf_counter()
@@ -188,7 +209,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     trace = load_trace(args.trace)
     if args.plan:
-        given = {"--planner": args.planner is not None} | settings_given(
+        given = {"--planner": args.planner is not None, "--keep": bool(args.keep),
+                 "--recompute": bool(args.recompute)} | settings_given(
             agent=args.agent, members=args.members, decode=args.decode, time_limit=args.time_limit,
             search_simulations=args.search_simulations, search_seconds=args.search_seconds)
         for option, yes in given.items():
@@ -204,7 +226,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
                                               args.decode, args.time_limit, args.search_simulations,
-                                              args.search_seconds, args.members)
+                                              args.search_seconds, args.members, pins_of(args))
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
     figures = {"planner": plan.planner, **made_by(plan), "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
@@ -234,7 +256,8 @@ def run_plan(args: argparse.Namespace) -> int:
     out = check_output(args.output, args.force)
     trace = load_trace(args.trace)
     plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode,
-                                    args.time_limit, args.search_simulations, args.search_seconds, args.members)
+                                    args.time_limit, args.search_simulations, args.search_seconds, args.members,
+                                    pins_of(args))
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, **made_by(plan), "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)

@@ -377,11 +377,15 @@ def schedule_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None = None
 def verify_plan(trace: Trace, plan: Plan, where: str | None = None) -> SimResult:
     """Simulate ``plan``, made for ``trace``, and check what its file can only claim: returns the
     simulation (whose ``feasible`` is the truth, whatever ``plan.figures`` says); raises
+    :class:`~dqn_swap.pins.PinError` if it breaks the pins it records, and
     :class:`~dqn_swap.plan.PlanError` (one line) if the plan carries a schedule other than the one the
     simulator makes for its actions, limit and profile -- a file edited by hand, or made by another
     version -- since the runtime follows the schedule with memory no simulation checked."""
     from ..plan import PlanError
 
+    from ..pins import check as check_pins
+
+    check_pins(trace, plan, where)  # a plan that records pins and breaks them (an edited file)
     result = simulate(trace, plan)
     if plan.schedule is not None and result.feasible and result.schedule != plan.schedule:
         raise PlanError(f"{where or f'the plan of planner {plan.planner!r}'}: its schedule (prefetches and re-runs) "

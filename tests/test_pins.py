@@ -1,0 +1,138 @@
+"""Pinned tensors (``dqn_swap.pins``): every registered planner's plan keeps what is pinned to
+keep and recomputes what is pinned to recompute; the plan records its pins, and a plan file that
+breaks them is refused before training."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from dqn_swap.agents import get_planner, planner_names
+from dqn_swap.pins import PinError, Pins
+from dqn_swap.plan import Action, ActionKind
+from dqn_swap.planners import pinned_sets, recomputable_activations, saved_activations
+from dqn_swap.simulator import verify_plan
+
+QUICK = {"auto": {"seconds": 1.0}, "dqn-search": {"time_budget": 1.0}, "optimal": {"time_limit": 1.0}}
+
+
+def _pins(trace) -> tuple[Pins, set[int], set[int]]:  # noqa: ANN001
+    """Keep every activation of the first module that makes one; recompute the largest recomputable one
+    of another module."""
+    movable = saved_activations(trace)
+    module_of = {t: trace.module_names[trace.op_module[trace.tensor_alloc_op[t]]]
+                 for t in movable if trace.tensor_alloc_op[t] >= 0}
+    first = next(m for m in module_of.values() if m)
+    keep = {t for t, m in module_of.items() if m == first}
+    rec = max((t for t in recomputable_activations(trace) if t not in keep), key=lambda t: trace.tensor_nbytes[t])
+    return Pins(keep=(first,), recompute=(rec,)), keep, {rec}
+
+
+@pytest.mark.parametrize("name", [n for n in planner_names() if n != "none"])
+def test_every_planner_honours_the_pins(tiny_resnet_trace, name: str) -> None:  # noqa: ANN001
+    trace = tiny_resnet_trace
+    pins, keep, rec = _pins(trace)
+    assert pins.resolve(trace) == (keep, rec)
+    limit = trace.minimum_memory + (trace.peak_bytes - trace.minimum_memory) // 2
+    free = get_planner(name, **QUICK.get(name, {})).plan(trace, limit)
+    plan = get_planner(name, pins=pins, **QUICK.get(name, {})).plan(trace, limit)
+    assert pins.violations(trace, plan.actions) == []
+    assert not {a.tensor for a in plan.actions} & keep
+    assert {a.tensor for a in plan.actions if a.kind == ActionKind.RECOMPUTE} >= rec
+    assert plan.settings["pins"] == pins.to_dict() and plan.planner == free.planner
+    if free.figures.get("feasible"):
+        assert plan.figures["feasible"], plan.settings.get("pins_changed")
+    verify_plan(trace, plan)
+
+
+def test_a_plan_that_breaks_its_pins_is_refused(tiny_resnet_trace) -> None:  # noqa: ANN001
+    trace = tiny_resnet_trace
+    pins, keep, rec = _pins(trace)
+    limit = trace.minimum_memory + (trace.peak_bytes - trace.minimum_memory) // 2
+    plan = get_planner("greedy-swap", pins=pins).plan(trace, limit)
+    (t,) = rec
+    edited = dataclasses.replace(plan, actions=tuple(a for a in plan.actions if a.tensor != t), schedule=None)
+    with pytest.raises(PinError, match=f"tensor {t} .* pinned to recompute, and the plan keeps it"):
+        verify_plan(trace, edited, "plan.json")
+    k = min(keep)
+    from dqn_swap.planners import last_forward_event
+
+    edited = dataclasses.replace(plan, actions=(*plan.actions, Action(last_forward_event(trace, k), k,
+                                                                      ActionKind.SWAP)), schedule=None)
+    with pytest.raises(PinError, match=f"plan.json: tensor {k} .* pinned to keep, and the plan swaps it"):
+        verify_plan(trace, edited, "plan.json")
+
+
+def test_pins_that_cannot_hold_are_refused_in_one_line(tiny_resnet_trace) -> None:  # noqa: ANN001
+    trace = tiny_resnet_trace
+    pins, keep, rec = _pins(trace)
+    with pytest.raises(PinError, match="matches no saved activation"):
+        Pins(keep=("no.such.module",)).resolve(trace)
+    with pytest.raises(PinError, match="pinned both to keep and to recompute"):
+        Pins(keep=tuple(rec), recompute=tuple(rec)).resolve(trace)
+    with pytest.raises(PinError, match="not a saved activation"):
+        Pins(keep=(10**6,)).resolve(trace)
+    never = [t for t in saved_activations(trace) if t not in set(recomputable_activations(trace))]
+    if never:
+        with pytest.raises(PinError, match="cannot be recomputed"):
+            pinned_sets(trace, Pins(recompute=(never[0],)))
+    with pytest.raises(PinError, match="a tensor id or a pattern"):
+        Pins(keep=(1.5,))
+    with pytest.raises(PinError):
+        get_planner("greedy", pins=Pins(keep=("no.such.module",))).plan(trace, trace.peak_bytes)
+
+
+def test_autoplan_follows_a_pinned_plan_bit_identically() -> None:
+    from dqn_swap.user_loop import autoplan
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+
+    def train(planner_options: dict | None) -> tuple[dict, object]:
+        model = net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        planned = autoplan(model, "20%", planner="sqrt-n", optimizer=opt, verbose=False,
+                           planner_options=planner_options) if planner_options is not None else None
+        torch.manual_seed(1)
+        for _ in range(3):
+            x = torch.randn(64, 32)
+            if planned is not None:
+                with planned.step():
+                    model(x).square().mean().backward()
+            else:
+                model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        entry = planned.last_entry if planned is not None else None
+        if planned is not None:
+            planned.remove()
+        return {k: v.clone() for k, v in model.state_dict().items()}, entry
+
+    plain, _ = train(None)
+    pinned, entry = train({"pins": Pins(keep=("aten.gelu*",))})
+    assert entry.plan.settings["pins"] == {"keep": ["aten.gelu*"], "recompute": []}
+    assert entry.plan.actions and all(plain[k].equal(pinned[k]) for k in plain)
+
+
+def test_the_command_line_pins_and_the_plan_file_keeps_them(tiny_resnet_trace, tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from dqn_swap.cli import main
+
+    trace = tiny_resnet_trace
+    pins, keep, rec = _pins(trace)
+    trace.save(tmp_path / "t.trace")
+    (t,) = rec
+    out = tmp_path / "p.json"
+    assert main(["plan", str(tmp_path / "t.trace"), "-m", "50%", "--planner", "lru", "--keep", pins.keep[0],
+                 "--recompute", str(t), "-o", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["settings"]["pins"] == {"keep": [pins.keep[0]], "recompute": [t]}
+    assert not {a[1] for a in saved["actions"]} & keep and [t, "recompute"] in [a[1:] for a in saved["actions"]]
+    assert main(["simulate", str(tmp_path / "t.trace"), "--plan", str(out), "--keep", "x"]) == 2
+    assert main(["plan", str(tmp_path / "t.trace"), "-m", "50%", "--keep", "no.such.module", "-o",
+                 str(tmp_path / "q.json")]) == 2 and not (tmp_path / "q.json").exists()
