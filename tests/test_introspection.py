@@ -25,7 +25,7 @@ def test_lazy_public_functions_have_their_real_signatures():
         assert shown.__doc__ == real.__doc__
     assert list(inspect.signature(dqn_swap.record_trace).parameters)[:4] == ["model", "example_inputs", "loss_fn",
                                                                                "optimizer"]
-    assert list(inspect.signature(dqn_swap.get_planner).parameters) == ["name", "agent", "settings"]
+    assert list(inspect.signature(dqn_swap.get_planner).parameters) == ["name", "agent", "pins", "settings"]
     assert list(inspect.signature(dqn_swap.models.build_workload).parameters) == ["name", "batch_size", "device",
                                                                                   "seed", "seq_len"]
     assert {"record_trace", "autoplan", "get_planner", "simulate"} <= set(dir(dqn_swap))
