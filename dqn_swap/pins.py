@@ -14,9 +14,12 @@ that op's name (``"aten.gelu*"``).  A pattern that matches no saved activation a
 refused, as is a tensor both kept and recomputed, or a recompute the simulator does not allow.
 
 Every planner honours them: :func:`dqn_swap.planners.get_planner` given ``pins`` wraps the
-planner, whose plan is then made to obey (an action on a kept tensor dropped, a pinned
-recompute added where it was missing) and, if that no longer fits, completed by swapping the
-largest activations left free until it does (:func:`dqn_swap.planners.enforce_pins`).  The plan records its pins
+planner.  The planner plans a view of the trace in which the tensors pinned to stay are ones no
+plan may move (:attr:`Trace.movable <dqn_swap.trace.Trace.movable>`, through
+``meta["pinned_keep"]``), so it plans around them; the pinned recomputes, which no planner is
+asked for, are added to its plan after (a swap of one replaced), and a plan that no longer fits
+is completed by swapping the largest activations left free until it does
+(:func:`dqn_swap.planners.enforce_pins`).  The plan records its pins
 (``plan.settings["pins"]``), and :func:`dqn_swap.simulator.verify_plan`, which checks every plan
 file before training, refuses one that breaks them (:func:`check`).
 """

@@ -210,8 +210,12 @@ class _Pinned:
         return getattr(self.planner, attr)
 
     def plan(self, trace: Trace, memory_limit: int, profile: DeviceProfile | str | None = None) -> Plan:
-        pinned_sets(trace, self.pins)  # pins that cannot hold on this trace are refused before planning
-        return enforce_pins(trace, self.planner.plan(trace, memory_limit, profile), self.pins, profile)
+        # Pins that cannot hold are refused before planning.  The planner sees the tensors pinned to
+        # stay as ones no plan may move (Trace.movable), so it plans around them; what it cannot know
+        # (a recompute it must make) is added after (enforce_pins).
+        keep, _ = pinned_sets(trace, self.pins)
+        view = trace.replace(meta={**trace.meta, "pinned_keep": sorted(keep)}) if keep else trace
+        return enforce_pins(trace, self.planner.plan(view, memory_limit, profile), self.pins, profile)
 
 
 def planner_help(kind: str | None = None) -> str:
@@ -300,8 +304,8 @@ def enforce_pins(trace: Trace, plan: Plan, pins: Any, profile: DeviceProfile | s
     changed = {"dropped": dropped, "added": len(added), "swaps_to_fit": 0}
     prof = profile_of(trace, profile if profile is not None else (plan.profile or None))
     sim = Simulator(trace, int(plan.memory_limit), prof)
-    result = sim.run(actions) if (dropped or added) else None
-    if result is not None and not result.feasible and plan.figures.get("feasible"):
+    result = sim.run(actions)  # (figures of the trace itself, whatever view the planner was given)
+    if (dropped or added) and not result.feasible and plan.figures.get("feasible"):
         can_swap = sim.valid_actions().can_swap
         free = [t for t in saved_activations(trace) if t not in keep and t not in recompute and t not in have]
         for t in sorted(free, key=lambda t: -int(trace.tensor_nbytes[t])):
@@ -314,8 +318,9 @@ def enforce_pins(trace: Trace, plan: Plan, pins: Any, profile: DeviceProfile | s
             if result.feasible:
                 break
     settings = {**plan.settings, "pins": pins.to_dict()}
-    if result is None:
-        return dataclasses.replace(plan, settings=settings)
+    if not (dropped or added):
+        return dataclasses.replace(plan, settings=settings, figures={**plan.figures, **result.figures()},
+                                   schedule=result.schedule)
     settings["pins_changed"] = changed
     return Plan(actions=Plan.sorted_actions(actions), memory_limit=plan.memory_limit,
                 trace_fingerprint=plan.trace_fingerprint, profile=plan.profile, planner=plan.planner,

@@ -332,7 +332,19 @@ class Trace:
     @cached_property
     def movable(self) -> np.ndarray:
         """Per tensor, whether a plan may act on it: a saved activation (:data:`MOVABLE_ROLES`), or
-        an input that autograd saves for backward.
+        an input that autograd saves for backward, unless the user pinned it to stay
+        (``meta["pinned_keep"]``, tensor ids: :mod:`dqn_swap.pins`; the fingerprint leaves meta out,
+        so a plan made on such a view is a plan of the trace).
+        """
+        movable = self._movable_by_role()
+        pinned = self.meta.get("pinned_keep")
+        if pinned:
+            movable = movable.copy()
+            movable[np.asarray(pinned, dtype=np.int64)] = False
+        return movable
+
+    def _movable_by_role(self) -> np.ndarray:
+        """:attr:`movable` before the user's pins.
 
         The input batch is held by the training loop, not by autograd, so freeing autograd's
         reference frees nothing.  Most loops keep holding it (the loop variable, a batch dict):

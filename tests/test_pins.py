@@ -45,6 +45,10 @@ def test_every_planner_honours_the_pins(tiny_resnet_trace, name: str) -> None:  
     assert plan.settings["pins"] == pins.to_dict() and plan.planner == free.planner
     if free.figures.get("feasible"):
         assert plan.figures["feasible"], plan.settings.get("pins_changed")
+    # the planner planned around the kept tensors (a view in which they cannot move): nothing of its
+    # plan touched them, and here nothing had to be swapped after to fit
+    changed = plan.settings.get("pins_changed", {"dropped": 0, "added": 0, "swaps_to_fit": 0})
+    assert changed["dropped"] <= len(rec) and changed["swaps_to_fit"] == 0
     verify_plan(trace, plan)
 
 
