@@ -79,9 +79,9 @@ class MemoryLimit:
             return spec
         if isinstance(spec, bool):
             raise MemoryLimitError(f"not a memory limit: {spec!r}; write {FORMS}")
-        kind = getattr(getattr(spec, "dtype", None), "kind", None)  # NumPy's scalars; a tensor's dtype has none
-        if isinstance(spec, int) or (kind is not None and kind in "iu"):
+        if _whole_number(spec):
             return cls("bytes", float(int(spec)))
+        kind = getattr(getattr(spec, "dtype", None), "kind", None)  # NumPy's scalars; a tensor's dtype has none
         if isinstance(spec, float) or kind == "f":
             return cls._bare(float(spec), repr(float(spec)))
         if hasattr(spec, "dtype"):
@@ -178,6 +178,13 @@ class MemoryLimit:
         return str(self) if self.kind != "bytes" else format_bytes(self.value)
 
 
+def _whole_number(x: object) -> bool:
+    """Whether ``x`` is an ``int`` or a NumPy integer scalar (not a bool; a tensor's dtype has no kind)."""
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    return not isinstance(x, bool) and (isinstance(x, int) or (kind is not None and kind in "iu"
+                                                              and getattr(x, "ndim", 0) == 0))
+
+
 def _number(text: str, whole: str) -> float:
     try:
         value = float(text)
@@ -197,9 +204,7 @@ def plan_bytes(value: object, where: str) -> int:
     Raises:
         MemoryLimitError: ``value`` is not a whole number of bytes, or is negative.
     """
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
-    if isinstance(value, bool) or not (isinstance(value, int) or (kind is not None and kind in "iu"
-                                                                   and getattr(value, "ndim", 0) == 0)):
+    if not _whole_number(value):
         raise MemoryLimitError(f"{where} takes a memory limit resolved to bytes (an int), not {value!r}: "
                                "resolve it first, resolve_limit(trace, limit), which reads " + FORMS)
     if int(value) < 0:

@@ -96,7 +96,7 @@ class Pins:
         both = keep & recompute
         if both:
             t = min(both)
-            raise PinError(f"tensor {t} (made by {_maker(trace, t)}) is pinned both to keep and to recompute")
+            raise PinError(f"tensor {t} (made by {maker(trace, t)}) is pinned both to keep and to recompute")
         return frozenset(keep), frozenset(recompute)
 
     def violations(self, trace: "Trace", actions: Iterable["Action"]) -> list[str]:
@@ -107,19 +107,20 @@ class Pins:
         out, recomputed = [], set()
         for a in actions:
             if a.tensor in keep:
-                out.append(f"tensor {a.tensor} (made by {_maker(trace, a.tensor)}) is pinned to keep, and the "
+                out.append(f"tensor {a.tensor} (made by {maker(trace, a.tensor)}) is pinned to keep, and the "
                            f"plan {'swaps' if a.kind == ActionKind.SWAP else 'recomputes'} it")
             elif a.tensor in recompute and a.kind == ActionKind.SWAP:
-                out.append(f"tensor {a.tensor} (made by {_maker(trace, a.tensor)}) is pinned to recompute, and "
+                out.append(f"tensor {a.tensor} (made by {maker(trace, a.tensor)}) is pinned to recompute, and "
                            "the plan swaps it")
             if a.kind == ActionKind.RECOMPUTE:
                 recomputed.add(a.tensor)
-        out += [f"tensor {t} (made by {_maker(trace, t)}) is pinned to recompute, and the plan keeps it"
+        out += [f"tensor {t} (made by {maker(trace, t)}) is pinned to recompute, and the plan keeps it"
                 for t in sorted(recompute - recomputed)]
         return out
 
 
-def _maker(trace: "Trace", tid: int) -> str:
+def maker(trace: "Trace", tid: int) -> str:
+    """The op that made tensor ``tid``, as messages name it."""
     op = int(trace.tensor_alloc_op[tid])
     return trace.op_label(op) if op >= 0 else "the inputs"
 
@@ -161,4 +162,4 @@ def check(trace: "Trace", plan: "Plan", where: str | None = None) -> None:
                        + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""))
 
 
-__all__ = ["PinError", "Pins", "check"]
+__all__ = ["PinError", "Pins", "check", "maker"]

@@ -213,9 +213,9 @@ class _Pinned:
         # Pins that cannot hold are refused before planning.  The planner sees the tensors pinned to
         # stay as ones no plan may move (Trace.movable), so it plans around them; what it cannot know
         # (a recompute it must make) is added after (enforce_pins).
-        keep, _ = pinned_sets(trace, self.pins)
-        view = trace.replace(meta={**trace.meta, "pinned_keep": sorted(keep)}) if keep else trace
-        return enforce_pins(trace, self.planner.plan(view, memory_limit, profile), self.pins, profile)
+        sets = pinned_sets(trace, self.pins)
+        view = trace.replace(meta={**trace.meta, "pinned_keep": sorted(sets[0])}) if sets[0] else trace
+        return enforce_pins(trace, self.planner.plan(view, memory_limit, profile), self.pins, profile, resolved=sets)
 
 
 def planner_help(kind: str | None = None) -> str:
@@ -273,28 +273,30 @@ def pinned_sets(trace: Trace, pins: Any) -> tuple[frozenset[int], frozenset[int]
         PinError: as :meth:`Pins.resolve <dqn_swap.pins.Pins.resolve>`, or a pinned recompute the
             simulator does not allow.
     """
-    from .pins import PinError, _maker
+    from .pins import PinError, maker
 
     keep, recompute = pins.resolve(trace)
     if recompute:
         bad = sorted(recompute - set(recomputable_activations(trace)))
         if bad:
-            raise PinError(f"tensor {bad[0]} (made by {_maker(trace, bad[0])}) cannot be recomputed: the "
+            raise PinError(f"tensor {bad[0]} (made by {maker(trace, bad[0])}) cannot be recomputed: the "
                            "simulator allows no re-run of it (its inputs are gone by backward, or it is an "
                            "input); pin it to keep, or leave it to the planner")
     return keep, recompute
 
 
-def enforce_pins(trace: Trace, plan: Plan, pins: Any, profile: DeviceProfile | str | None = None) -> Plan:
+def enforce_pins(trace: Trace, plan: Plan, pins: Any, profile: DeviceProfile | str | None = None, *,
+                 resolved: tuple[frozenset[int], frozenset[int]] | None = None) -> Plan:
     """``plan`` made to honour ``pins`` (module docstring): actions on kept tensors dropped, a pinned
     recompute added where missing (a swap of it replaced), then, if it no longer fits, the largest
     activations left free swapped, one at a time, until it does.  ``plan.settings`` records the pins
-    and what was changed (``pins_changed``: actions dropped, added and swaps added to fit)."""
+    and what was changed (``pins_changed``: actions dropped, added and swaps added to fit).
+    ``resolved``: :func:`pinned_sets` of ``pins`` on ``trace``, where the caller has them."""
     import dataclasses
 
     from .simulator import Simulator
 
-    keep, recompute = pinned_sets(trace, pins)
+    keep, recompute = resolved if resolved is not None else pinned_sets(trace, pins)
     kept = [a for a in plan.actions if a.tensor not in keep
             and not (a.tensor in recompute and a.kind == ActionKind.SWAP)]
     dropped = len(plan.actions) - len(kept)

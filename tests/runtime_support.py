@@ -254,3 +254,44 @@ def hand_plan(name: str, kind: str) -> Plan:
         return manual_plan(trace, recompute=rec, planner="recompute-all")
     removed = set(rec[1::2]) or set(rec[:1])  # every other one; the only one where there is one
     return manual_plan(trace, swap=[t for t in acts if t not in removed], recompute=sorted(removed), planner="mixed")
+
+
+def assert_same_state(a: nn.Module, oa: torch.optim.Optimizer, b: nn.Module, ob: torch.optim.Optimizer) -> None:
+    """The whole training state equal bit for bit: parameters, buffers and the optimizer's state."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    da, db = oa.state_dict(), ob.state_dict()
+    assert da["param_groups"] == db["param_groups"]
+    assert da["state"].keys() == db["state"].keys()
+    for k, st in da["state"].items():
+        for name, v in st.items():
+            w = db["state"][k][name]
+            assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (k, name)
+
+
+def mlp_loop(autoplan_kwargs: dict[str, Any] | None, steps: int = 3) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """A small GELU MLP trained ``steps`` steps with Adam, plainly (``autoplan_kwargs`` None) or with
+    ``autoplan(model, optimizer=..., verbose=False, **autoplan_kwargs)``; returns the model, its
+    optimizer and the ``AutoPlan`` (its hooks removed; None when plain)."""
+    from dqn_swap.user_loop import autoplan
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    planned = autoplan(model, optimizer=opt, verbose=False, **autoplan_kwargs) if autoplan_kwargs is not None else None
+    torch.manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(64, 32)
+        if planned is not None:
+            with planned.step():
+                model(x).square().mean().backward()
+        else:
+            model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if planned is not None:
+        planned.remove()
+    return model, opt, planned
+

@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
-from torch import nn
 
 from dqn_swap.agents import get_planner, planner_names
 from dqn_swap.pins import PinError, Pins
 from dqn_swap.plan import Action, ActionKind
 from dqn_swap.planners import pinned_sets, recomputable_activations, saved_activations
 from dqn_swap.simulator import verify_plan
+
+from .runtime_support import assert_same_state, mlp_loop
 
 QUICK = {"auto": {"seconds": 1.0}, "dqn-search": {"time_budget": 1.0}, "optimal": {"time_limit": 1.0}}
 
@@ -90,36 +90,12 @@ def test_pins_that_cannot_hold_are_refused_in_one_line(tiny_resnet_trace) -> Non
 
 
 def test_autoplan_follows_a_pinned_plan_bit_identically() -> None:
-    from dqn_swap.user_loop import autoplan
-
-    def net() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
-
-    def train(planner_options: dict | None) -> tuple[dict, object]:
-        model = net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        planned = autoplan(model, "20%", planner="sqrt-n", optimizer=opt, verbose=False,
-                           planner_options=planner_options) if planner_options is not None else None
-        torch.manual_seed(1)
-        for _ in range(3):
-            x = torch.randn(64, 32)
-            if planned is not None:
-                with planned.step():
-                    model(x).square().mean().backward()
-            else:
-                model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        entry = planned.last_entry if planned is not None else None
-        if planned is not None:
-            planned.remove()
-        return {k: v.clone() for k, v in model.state_dict().items()}, entry
-
-    plain, _ = train(None)
-    pinned, entry = train({"pins": Pins(keep=("aten.gelu*",))})
-    assert entry.plan.settings["pins"] == {"keep": ["aten.gelu*"], "recompute": []}
-    assert entry.plan.actions and all(plain[k].equal(pinned[k]) for k in plain)
+    plain, plain_opt, _ = mlp_loop(None)
+    model, opt, planned = mlp_loop({"memory_limit": "20%", "planner": "sqrt-n",
+                                    "planner_options": {"pins": Pins(keep=("aten.gelu*",))}})
+    entry = planned.last_entry
+    assert entry.plan.settings["pins"] == {"keep": ["aten.gelu*"], "recompute": []} and entry.plan.actions
+    assert_same_state(plain, plain_opt, model, opt)
 
 
 def test_the_command_line_pins_and_the_plan_file_keeps_them(tiny_resnet_trace, tmp_path) -> None:  # noqa: ANN001

@@ -17,6 +17,8 @@ from dqn_swap.planners import manual_plan, register, saved_activations, unregist
 from dqn_swap.recorder import record_trace
 from dqn_swap.user_loop import autoplan
 
+from .runtime_support import assert_same_state, mlp_loop
+
 PLANNER_SOURCE = '''
 from dqn_swap.planners import manual_plan, saved_activations
 
@@ -51,24 +53,12 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
 
 
-def _train(planner: object, steps: int = 3) -> tuple[dict, object]:
-    net = _net()
-    opt = torch.optim.Adam(net.parameters(), lr=0.01)
-    planned = autoplan(net, "30%", planner=planner, optimizer=opt, verbose=False) if planner is not None else None
-    torch.manual_seed(1)
-    for _ in range(steps):
-        x = torch.randn(64, 32)
-        if planned is not None:
-            with planned.step():
-                net(x).square().mean().backward()
-        else:
-            net(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    summary = planned.summary() if planned is not None else None
-    if planned is not None:
-        planned.remove()
-    return {k: v.clone() for k, v in net.state_dict().items()}, summary
+def _planned_like_plain(planner: object) -> dict:
+    """``planner`` in ``autoplan`` at 30 %: the training state equals plain training's; its summary."""
+    plain, plain_opt, _ = mlp_loop(None)
+    model, opt, planned = mlp_loop({"memory_limit": "30%", "planner": planner})
+    assert_same_state(plain, plain_opt, model, opt)
+    return planned.summary()
 
 
 @pytest.fixture
@@ -90,18 +80,14 @@ def test_a_registered_planner_plans_from_python_the_command_line_and_autoplan(mi
     assert main(["plan", str(tmp_path / "t.trace"), "-m", "50%", "--planner", "mine", "-o",
                  str(tmp_path / "p.json")]) == 0
     assert json.loads((tmp_path / "p.json").read_text())["planner"] == "mine"
-    plain, _ = _train(None)
-    planned, summary = _train("mine")
+    summary = _planned_like_plain("mine")
     assert summary["planner"] == "mine" and all(p["swaps"] > 0 for p in summary["plans"].values())
-    assert all(torch.equal(plain[k], planned[k]) for k in plain)
 
 
 def test_autoplan_takes_a_planner_object() -> None:
     planner = SwapAll()
-    plain, _ = _train(None)
-    planned, summary = _train(planner)
+    summary = _planned_like_plain(planner)
     assert planner.calls == 1 and summary["planner"] == "mine"
-    assert all(torch.equal(plain[k], planned[k]) for k in plain)
 
 
 def test_the_command_line_takes_a_planner_of_the_current_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001

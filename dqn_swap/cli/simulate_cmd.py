@@ -170,10 +170,6 @@ def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, prof
     limit = resolve_memory_limit(trace, limit_text)
     say_outside(trace, limit_text, limit)
     profile = profile_of(trace, profile_name)
-    if pins:
-        from ..planners import pinned_sets
-
-        pinned_sets(trace, pins)  # pins that cannot hold are refused before planning
     planner = get_planner(planner_name, agent=agent, pins=pins,
                           **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations,
                                              search_seconds=search_seconds, members=members))

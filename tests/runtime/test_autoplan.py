@@ -23,6 +23,8 @@ from dqn_swap.user_loop import AutoPlanError, autoplan
 from dqn_swap.recorder import record_trace
 from dqn_swap.trace import resolve_memory_limit
 
+from ..runtime_support import assert_same_state
+
 
 class DictNet(nn.Module):
     """A small classifier called like a Hugging Face model: keyword inputs, labels in, a dict out."""
@@ -90,20 +92,6 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def assert_same_state(a: nn.Module, oa: torch.optim.Optimizer, b: nn.Module, ob: torch.optim.Optimizer) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
-    da, db = oa.state_dict(), ob.state_dict()
-    assert da["param_groups"] == db["param_groups"]
-    assert da["state"].keys() == db["state"].keys()
-    for k, st in da["state"].items():
-        for name, v in st.items():
-            w = db["state"][k][name]
-            assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (k, name)
 
 
 def fresh(seed: int = 0, **kwargs: int) -> DictNet:
