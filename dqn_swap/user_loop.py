@@ -1045,22 +1045,26 @@ class AutoPlan:
             result = simulate(trace, plan)
             why = result.infeasible.message(trace) if result.infeasible is not None else "over the limit"
             method = plan.settings.get("limitation") if isinstance(plan.settings, dict) else None
-            raise AutoPlanError(f"planner {self.planner_name!r} found no plan under {format_bytes(limit)} for "
+            pinned = (" with the pins, which keep some activations on the device (fewer pins may fit)"
+                      if self.planner_options.get("pins") else "")
+            raise AutoPlanError(f"planner {self.planner_name!r} found no plan under {format_bytes(limit)}{pinned} for "
                                 f"{desc}: {why}{f' ({method})' if method else ''}; try another planner or a "
                                 "higher limit, or pass allow_infeasible=True to run it anyway")
         return plan
 
     def _fallback_plan(self, trace: Trace, limit: int, desc: str, worker: bool = False) -> Plan | None:
         """A feasible plan of another planner where the chosen one found none (:data:`FALLBACK_PLANNERS`,
-        in order), so that training goes on under the limit; None when none of them finds one."""
+        in order), so that training goes on under the limit; None when none of them finds one.  The
+        user's pins (``planner_options["pins"]``) bind them too."""
         from . import get_planner
 
+        pins = self.planner_options.get("pins")
         for name in FALLBACK_PLANNERS:
             if name == self.planner_name:
                 continue
             with self._planning(worker):
                 start = time.thread_time()
-                plan = get_planner(name).plan(trace, limit)
+                plan = get_planner(name, pins=pins).plan(trace, limit)
                 self.planning_seconds += time.thread_time() - start
             if bool(plan.figures.get("feasible", True)):
                 self._note(f"planner {self.planner_name!r} found no plan under {format_bytes(limit)} for {desc}; "

@@ -98,6 +98,18 @@ def test_autoplan_follows_a_pinned_plan_bit_identically() -> None:
     assert_same_state(plain, plain_opt, model, opt)
 
 
+def test_autoplans_fallback_planner_honours_the_pins_too() -> None:
+    """Where the chosen planner finds no plan (``none`` at 20 %), the planner autoplan falls back on is
+    bound by the same pins (it once planned without them, and moved what was pinned to stay)."""
+    pins = Pins(keep=("aten.gelu*",))
+    plain, plain_opt, _ = mlp_loop(None)
+    model, opt, planned = mlp_loop({"memory_limit": "20%", "planner": "none", "planner_options": {"pins": pins}})
+    entry = planned.last_entry
+    assert entry.plan.planner != "none" and entry.plan.actions and entry.plan.figures["feasible"]
+    assert entry.plan.settings["pins"] == pins.to_dict() and pins.violations(entry.trace, entry.plan.actions) == []
+    assert_same_state(plain, plain_opt, model, opt)
+
+
 def test_the_command_line_pins_and_the_plan_file_keeps_them(tiny_resnet_trace, tmp_path) -> None:  # noqa: ANN001
     import json
 
