@@ -28,6 +28,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from .stop import check as check_stop
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -39,8 +41,11 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
     """Write ``data`` to ``path`` through an exclusive temporary file beside it, then move it into place.
 
     A file (or link) already at ``path`` is replaced only with ``overwrite``; without it the write
-    fails with :class:`FileExistsError`, also when another writer creates ``path`` meanwhile.
+    fails with :class:`FileExistsError`, also when another writer creates ``path`` meanwhile.  A
+    command stopped by a signal whose first exception was lost writes nothing
+    (:func:`dqn_swap.stop.check`).
     """
+    check_stop()
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")

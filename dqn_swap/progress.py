@@ -33,6 +33,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from .stop import check as check_stop
+
 #: Seconds a run may take before its first progress line.
 QUIET_SECONDS = 2.0
 #: Seconds between rewrites of a live line (on a terminal).
@@ -118,7 +120,9 @@ class Progress:
 
     def __call__(self, text: Text, force: bool = False) -> None:
         """Report the current state; written when its interval has passed (``force``: now, once the
-        quiet interval is over)."""
+        quiet interval is over).  Raises :class:`~dqn_swap.stop.Stopped` for a signal whose first
+        exception was lost (:func:`dqn_swap.stop.check`): every long loop reports here."""
+        check_stop()
         s = self._s
         if s is None:
             return

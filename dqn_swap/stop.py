@@ -10,8 +10,13 @@ more, and what it had written stays whole, because every file goes through
 * ``train`` keeps a resume file at every evaluation: a run stopped after one says how to continue
   it (``--resume``); a run stopped before any leaves nothing behind, not even its log folder.
 
-:func:`install` makes SIGTERM raise :class:`Stopped` as SIGINT raises ``KeyboardInterrupt``, so one
-``except KeyboardInterrupt`` serves both.
+:func:`installed` makes SIGINT and SIGTERM raise :class:`Stopped` (a ``KeyboardInterrupt``), so one
+``except KeyboardInterrupt`` serves both.  Its handlers also note the signal, because an exception
+raised by a signal handler can be lost on its way: Python drops it when the handler runs inside a
+finaliser (``__del__``, a weakref callback: "Exception ignored in ..."), and a library that catches
+broadly (``except Exception`` around a Numba kernel's ``SystemError``) can drop it too.  Every
+progress report (:mod:`dqn_swap.progress`) calls :func:`check`, which raises a noted signal again, so
+a long run stops at its next report whatever swallowed the first exception.
 """
 
 from __future__ import annotations
@@ -39,15 +44,46 @@ class Stopped(KeyboardInterrupt):
         return 128 + self.signum
 
 
+#: The signals :func:`install`'s handlers were given, first first (emptied by :func:`installed` and :func:`clear`).
+_noted: list[int] = []
+
+
 def _raise_stopped(signum: int, frame: object) -> None:
+    _noted.append(signum)
     raise Stopped(signum)
 
 
-def install() -> None:
-    """SIGTERM raises :class:`Stopped` (only in the main thread, where Python runs signal handlers),
-    unless the process was started with SIGTERM ignored: what the caller ignores stays ignored."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, _raise_stopped)
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise :class:`Stopped` and are noted for :func:`check` (main thread
+    only, where Python runs signal handlers); the handlers before are restored after.  A signal the
+    process was started with ignored stays ignored, and a SIGINT handler other than Python's default
+    is left alone."""
+    clear()
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            old[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_stopped)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            old[signal.SIGTERM] = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        clear()
+
+
+def check() -> None:
+    """Raise :class:`Stopped` if a signal was noted inside :func:`installed` (module docstring: its first
+    exception may have been lost); a clock reading's cost, so long loops call it freely."""
+    if _noted:
+        raise Stopped(_noted[0])
+
+
+def clear() -> None:
+    """Forget the noted signals (a command that handled its stop, before the next one in this process)."""
+    _noted.clear()
 
 
 def as_stopped(e: KeyboardInterrupt) -> Stopped:
@@ -102,4 +138,4 @@ def kernel_interruption(error: SystemError) -> BaseException:
     return cause if cause is not None else error
 
 
-__all__ = ["Stopped", "as_stopped", "install", "kernel_interruption", "outputs_together", "signals_noted"]
+__all__ = ["Stopped", "as_stopped", "check", "clear", "installed", "kernel_interruption", "outputs_together", "signals_noted"]

@@ -101,6 +101,38 @@ def test_train_stopped_after_an_evaluation_says_how_to_resume(trace: Path, tmp_p
     assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
 
 
+class _SignalsInFinaliser:
+    """Sends SIGINT to this process from ``__del__``: the handler runs inside the finaliser, where
+    Python drops the exception it raises ("Exception ignored in ...")."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_whose_exception_was_lost_stops_at_the_next_report_and_writes_nothing(
+        tmp_path: Path, sigint_default: None) -> None:
+    """A signal's exception dropped on its way (here inside a finaliser; in CI once inside a planning
+    run, which then went on for a minute) still stops the command: at its next progress report, or
+    before its next file, whichever comes first."""
+    from dqn_swap import stop
+    from dqn_swap.files import write_text
+    from dqn_swap.progress import progress
+
+    with stop.installed():
+        _SignalsInFinaliser()  # collected at once
+        time.sleep(0.05)  # still running: the exception was lost
+        with pytest.raises(Stopped) as info:
+            progress("plan", enabled=False)("round 2")
+        assert info.value.signum == signal.SIGINT
+        with pytest.raises(Stopped):
+            write_text(tmp_path / "p.json", "{}")
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the command
+    stop.check()  # and forgotten
+
+
 def test_outputs_written_together_finish_before_the_signal_stops_them(tmp_path: Path, sigint_default: None) -> None:
     """``compare`` writes its table, CSV and plots inside ``outputs_together``: a signal midway waits
     for the last of them, then stops the command with a line saying they are whole."""

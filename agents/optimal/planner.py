@@ -63,6 +63,7 @@ from dqn_swap.agents.baselines.base import ActionSet, BasePlanner, Evaluator, Tr
 from dqn_swap.plan import ActionKind
 
 from dqn_swap.progress import Progress as ProgressLine
+from dqn_swap.stop import check as check_stop
 
 from .program import SwapProgram, candidates, critical_ops
 from .solver import Progress, solve
@@ -133,6 +134,7 @@ class OptimalPlanner(BasePlanner):
                 row["makespan"] = float(r.makespan) if r.feasible else None
             row["cpu_seconds"] = round(time.process_time() - c0, 3)
             out.append(row)
+            check_stop()  # a signal whose exception an incumbent swallowed (dqn_swap.stop.check)
         return out
 
     def choose(self, facts: TraceFacts, evaluator: Evaluator) -> tuple[ActionSet, dict[str, Any]]:

@@ -49,7 +49,7 @@ from scipy import sparse
 from scipy.optimize._highspy import _core as _highs  # the HiGHS that scipy.optimize.milp runs
 
 from dqn_swap.plan import ActionKind
-from dqn_swap.stop import Stopped, signals_noted
+from dqn_swap.stop import Stopped, as_stopped, signals_noted
 
 from .program import SwapProgram
 
@@ -196,7 +196,11 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
                 inp.user_interrupt = True  # type: ignore[attr-defined]
             if on_progress is not None and cpu >= state["next_progress"]:
                 state["next_progress"] = cpu + PROGRESS_EVERY
-                on_progress(Progress(float(out.mip_dual_bound), float(out.mip_primal_bound), cpu))  # type: ignore[attr-defined]
+                try:
+                    on_progress(Progress(float(out.mip_dual_bound), float(out.mip_primal_bound), cpu))  # type: ignore[attr-defined]
+                except KeyboardInterrupt as e:  # a report raising a noted signal (dqn_swap.stop.check): as one here
+                    signals.append(as_stopped(e).signum)
+                    inp.user_interrupt = True  # type: ignore[attr-defined]
         elif kind == _USER_SOLUTION and queue:
             idx, val = queue.pop(0)
             inp.setSolution(idx, val)  # type: ignore[attr-defined]

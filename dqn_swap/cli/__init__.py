@@ -78,14 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv  # the command line, recorded in what train and finetune save
     from .. import stop
 
-    stop.install()  # SIGTERM stops a command as SIGINT does: one line, exit 143
     if sys.stdout is None:  # started with standard output closed (`>&-`): every command prints its result there
         if sys.stderr is not None:
             print(f"dqn-swap {args.command}: error: standard output is closed; the result would be lost "
                   "(redirect it to a file or /dev/null instead)", file=sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        with stop.installed():  # SIGINT and SIGTERM stop a command with one line, exit 130 or 143
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stderr.close()
         return 0
