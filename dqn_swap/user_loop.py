@@ -93,8 +93,9 @@ from .limits import LimitSpec, resolve_limit
 from .meter import AllocatorTimeline
 from .plan import Plan
 from .planners import DEFAULT_PLANNER
-from .recorder import (_end_iteration, _end_scratch, _ModuleTracker, _Recorder, _register_state, _Saved,
-                       carry_held_outputs)
+from .recorder.hooks import _ModuleTracker
+from .recorder.mode import _Recorder, _Saved
+from .recorder.record import _end_iteration, _end_scratch, _register_state, carry_held_outputs
 from .trace import Phase, Trace, TraceBuilder
 from .threads import module_call_hooks
 from .units import format_bytes
@@ -171,7 +172,7 @@ def _offloadable(t: torch.Tensor, persistent: set[int]) -> bool:
 class _StepRecorder(_Recorder):
     """The recorder with saved activations kept on the host until backward needs them.
 
-    The recorder's holder of a saved tensor (:class:`~dqn_swap.recorder._Saved`) stays its
+    The recorder's holder of a saved tensor (:class:`~dqn_swap.recorder.mode._Saved`) stays its
     holder, so the trace keeps the tensor alive until autograd releases it, as in training
     without the copies; the device storage itself may go earlier.  A weak reference to every
     storage sent out keeps its address from being reused by a later storage while the

@@ -361,7 +361,7 @@ def test_the_blocks_outside_a_recording_are_the_snapshots_unknown_allocated_ones
     """What a CUDA recording says the device held beside the iteration, read from the allocator's
     snapshot: allocated blocks at none of the state's addresses, largest first (a stand-in snapshot
     in torch.cuda.memory_snapshot's layout)."""
-    from dqn_swap.recorder import _outside_blocks, _state_pointers
+    from dqn_swap.recorder.record import _outside_blocks, _state_pointers
 
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.Adam(model.parameters())

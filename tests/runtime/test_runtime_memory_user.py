@@ -161,7 +161,7 @@ def test_planned_loop_under_the_limit_as_predicted_and_bit_identical(name: str, 
 def test_reported_cases_are_as_predicted(name: str, planner: str, limit: str) -> None:
     """GIN measured 49152 B (one [192, 64] fp32 tensor) below every planned prediction (0.94-0.948): its
     peak moved to ``index_select``'s backward, which the recorder saw out of place (a dispatch mode makes
-    tensors "subclass-like"; :meth:`dqn_swap.recorder._Recorder.fill_in_place`).  DistilBERT in bf16 under
+    tensors "subclass-like"; :meth:`dqn_swap.recorder.mode._Recorder.fill_in_place`).  DistilBERT in bf16 under
     the window planner measured 16384 B above (1.0068): a prefetch scheduled at the op after the loss began
     at the loss's output pack, while its 128 KiB fp32 logits were still alive (a pack inside an op, before
     its frees: ``Trace.saved_in_op`` and :attr:`dqn_swap.trace.Trace.pack_progress_op`)."""
