@@ -176,7 +176,7 @@ def view_of(storage: torch.UntypedStorage, dtype: torch.dtype, size: Sequence[in
 class RecordMode(TorchDispatchMode):
     """Numbers forward ops from an anchor and records the ones the plan re-runs (module docstring)."""
 
-    def __init__(self, it: Any) -> None:  # the iteration (execution._Iteration) that owns this
+    def __init__(self, it: Any) -> None:  # the iteration (iteration._Iteration) that owns this
         super().__init__()
         # A weak reference: the iteration owns this mode, and a cycle would keep both (and the swapped
         # tensors' host buffers) alive until the garbage collector runs, instead of until backward ends.
@@ -281,7 +281,7 @@ class RecordMode(TorchDispatchMode):
 class OpRecorder:
     """The recorded ops of one iteration, and their replay."""
 
-    def __init__(self, it: Any) -> None:  # the iteration (execution._Iteration) that owns this
+    def __init__(self, it: Any) -> None:  # the iteration (iteration._Iteration) that owns this
         self.it = weakref.proxy(it)  # owned by the iteration (see RecordMode)
         self.index = it.index
         self.ops: dict[int, OpRecord] = {}
