@@ -502,7 +502,7 @@ def run_loop(w: Workload, loop: str, precision: str, steps: int, planned: Callab
              measure: bool = True) -> tuple[Run, Any]:
     """Train ``w`` for ``steps`` optimizer steps of ``loop`` in ``precision`` ("fp32" or "bf16" autocast).
 
-    ``planned(model, optimizer)`` gives the planned side: an :class:`~dqn_swap.user_loop.AutoPlan`
+    ``planned(model, optimizer)`` gives the planned side: an :class:`~dqn_swap.integrations.AutoPlan`
     (its ``step()`` opens each micro-step) or a context manager such as a
     :class:`~dqn_swap.runtime.PlannedExecution`; ``None`` trains unplanned.  Returns the run and
     the planned side.  With ``measure``, one allocator timeline covers the whole run, from before the

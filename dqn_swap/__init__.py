@@ -11,18 +11,17 @@ What this module re-exports, and what it imports:
   :mod:`dqn_swap.files`);
 * **on first use** (module ``__getattr__``, table ``_LAZY``): :func:`record_trace`
   (:mod:`dqn_swap.recorder`), :func:`simulate` and :class:`Simulator` (:mod:`dqn_swap.simulator`)
-  and :func:`autoplan` (:mod:`dqn_swap.user_loop`) from the core, and two names from above it:
+  from the core, :func:`autoplan` from :mod:`dqn_swap.integrations`, and two names from above the core:
   :func:`get_planner` from :mod:`dqn_swap.agents` and :class:`PlannedExecution` from
   :mod:`dqn_swap.runtime`.  ``get_planner`` is the planner registry's own
   (:mod:`dqn_swap.planners`, in the core); it is taken from the agents because importing them is
   what registers every planner.
 
-Those two, and :func:`autoplan`, which plans with the agents and trains with the runtime, are
-the only arrows from the core up to the agents or the runtime: the package's face for users
-(:mod:`dqn_swap.trainer` reaches them through :func:`autoplan`).
-Every other core module imports the core only; ``tests/test_import_layers.py`` checks the
-layers (core <- env <- agents <- command line; the runtime imports the core only) and lists
-these exceptions.
+Those three are the only arrows from the core up: the package's face for users.  The integrations
+(:func:`autoplan` and the ``Trainer`` callback, which :mod:`dqn_swap.trainer` names for users) plan
+with the agents and train with the runtime, so they sit above both.  Every other core module imports
+the core only; ``tests/test_import_layers.py`` checks the layers (core <- env <- agents <-
+integrations <- command line; the runtime imports the core only) and lists these exceptions.
 """
 
 from .cost import PROFILES, DeviceProfile, get_profile
@@ -37,8 +36,8 @@ __version__ = "0.1.0"
 #: Public names imported when first used (they load torch, the agents, the runtime), and the module that
 #: defines each.  Module ``__getattr__`` hands out the real object, so ``help()`` and
 #: ``inspect.signature`` show its own signature and docstring, not a wrapper's ``(*args, **kwargs)``.
-_LAZY = {"record_trace": ".recorder", "autoplan": ".user_loop", "AutoPlan": ".user_loop",
-         "AutoPlanError": ".user_loop", "get_planner": ".agents", "PlannedExecution": ".runtime",
+_LAZY = {"record_trace": ".recorder", "autoplan": ".integrations", "AutoPlan": ".integrations",
+         "AutoPlanError": ".integrations", "get_planner": ".agents", "PlannedExecution": ".runtime",
          "simulate": ".simulator", "Simulator": ".simulator", "RecordingError": ".recorder",
          "InfeasiblePlanError": ".runtime", "PlannedOutOfMemoryError": ".runtime", "RecomputeError": ".runtime",
          "TraceMismatchError": ".runtime", "UnsupportedTrainingError": ".runtime",

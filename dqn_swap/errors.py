@@ -14,7 +14,7 @@ them all with one ``except``.  Below it:
   (:class:`~dqn_swap.runtime.RecomputeError`), a training set-up the runtime does not support
   (:class:`~dqn_swap.runtime.UnsupportedTrainingError`), a recording that failed
   (:class:`~dqn_swap.recorder.RecordingError`), an ``autoplan`` misuse
-  (:class:`~dqn_swap.user_loop.AutoPlanError`).
+  (:class:`~dqn_swap.integrations.AutoPlanError`).
 
 :class:`~dqn_swap.runtime.PlannedOutOfMemoryError` is a ``torch.OutOfMemoryError`` too, so code
 that handles an out-of-memory error handles a planned one.  Every one of them is re-exported from

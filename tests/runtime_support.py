@@ -275,7 +275,7 @@ def mlp_loop(autoplan_kwargs: dict[str, Any] | None, steps: int = 3) -> tuple[nn
     """A small GELU MLP trained ``steps`` steps with Adam, plainly (``autoplan_kwargs`` None) or with
     ``autoplan(model, optimizer=..., verbose=False, **autoplan_kwargs)``; returns the model, its
     optimizer and the ``AutoPlan`` (its hooks removed; None when plain)."""
-    from dqn_swap.user_loop import autoplan
+    from dqn_swap.integrations import autoplan
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))

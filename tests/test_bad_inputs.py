@@ -469,7 +469,7 @@ def _type_cases(files: Path) -> list[tuple[str, Callable[[], Any], type[BaseExce
     from dqn_swap.recorder import RecordingError, record_trace
     from dqn_swap.runtime import PlannedExecution
     from dqn_swap.simulator import simulate
-    from dqn_swap.user_loop import AutoPlanError
+    from dqn_swap.integrations import AutoPlanError
 
     trace = Trace.load(files / TRACE)
     plan = Plan.load(files / PLAN)

@@ -2,11 +2,11 @@
 
 ::
 
-    core  <-  env  <-  agents  <-  command line, benchmarks, scripts
-    core  <-  runtime          <-  command line, benchmarks, scripts
+    core  <-  env  <-  agents  <-  integrations  <-  command line, benchmarks, scripts
+    core  <-  runtime          <-  integrations  <-  command line, benchmarks, scripts
 
 A module may import its own layer and the layers below it.  The runtime applies plans and
-imports the core only; nothing below the command line imports the runtime.  The layers:
+imports the core only; nothing below the integrations imports the runtime.  The layers:
 
 * **core**: ``dqn_swap/*.py`` and ``dqn_swap/models/``.  The models are core: they import the
   core only (:mod:`dqn_swap.recorder`, :mod:`dqn_swap.cost`), and the agents and the command
@@ -15,6 +15,8 @@ imports the core only; nothing below the command line imports the runtime.  The 
 * **agents**: ``agents/`` (``dqn_swap.agents``) and ``checkpoints/`` (``dqn_swap.checkpoints``,
   the shipped agents' weights, which only the DQN planner loads).
 * **runtime**: ``dqn_swap/runtime/``.
+* **integrations**: ``dqn_swap/integrations/`` (``autoplan`` and the ``Trainer`` callback, which
+  record with the core, plan with the agents and train with the runtime).
 * **top**: ``dqn_swap/cli/``, ``dqn_swap/__main__.py`` (``python -m dqn_swap`` is the command
   line), ``benchmarks/`` and ``scripts/``.
 
@@ -45,10 +47,10 @@ PACKAGES = {"dqn_swap": "dqn_swap", "env": "dqn_swap.env", "agents": "dqn_swap.a
 #: Folders of scripts run from the repository (they import each other by bare name).
 SCRIPT_FOLDERS = ("benchmarks", "scripts")
 
-CORE, ENV, AGENTS, RUNTIME, TOP = "core", "env", "agents", "runtime", "top"
+CORE, ENV, AGENTS, RUNTIME, INTEGRATIONS, TOP = "core", "env", "agents", "runtime", "integrations", "top"
 #: The layers each layer may import.
 ALLOWED = {CORE: {CORE}, ENV: {CORE, ENV}, AGENTS: {CORE, ENV, AGENTS}, RUNTIME: {CORE, RUNTIME},
-           TOP: {CORE, ENV, AGENTS, RUNTIME, TOP}}
+           INTEGRATIONS: {CORE, ENV, AGENTS, RUNTIME, INTEGRATIONS}, TOP: {CORE, ENV, AGENTS, RUNTIME, INTEGRATIONS, TOP}}
 
 #: Arrows that run up on purpose: (importing module, imported module) -> why.
 EXCEPTIONS = {
@@ -60,11 +62,10 @@ EXCEPTIONS = {
     ("dqn_swap", "dqn_swap.agents.dqn"):
         "the package's face: dqn_swap.AgentFileError, one of the error family, is re-exported for users (lazily, "
         "on first use)",
-    ("dqn_swap.user_loop", "dqn_swap.agents"):
-        "autoplan, the one-line entry point, must plan: it checks the planner's name against the "
-        "agents' list and plans the recorded trace with get_planner",
-    ("dqn_swap.user_loop", "dqn_swap.runtime"):
-        "autoplan then trains by the plan: its planned steps run in PlannedExecution",
+    ("dqn_swap", "dqn_swap.integrations"):
+        "the package's face: dqn_swap.autoplan and its error are re-exported for users (lazily, on first use)",
+    ("dqn_swap.trainer", "dqn_swap.integrations.trainer"):
+        "the path users import the Trainer callback by (from dqn_swap.trainer import AutoPlanCallback)",
 }
 
 
@@ -93,6 +94,8 @@ def layer_of(module: str) -> str | None:
         return TOP
     if second == "runtime":
         return RUNTIME
+    if second == "integrations":
+        return INTEGRATIONS
     if second == "env":
         return ENV
     if second in ("agents", "checkpoints"):

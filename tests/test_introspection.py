@@ -15,7 +15,7 @@ import dqn_swap.models
 def test_lazy_public_functions_have_their_real_signatures():
     from dqn_swap.agents import get_planner
     from dqn_swap.recorder import record_trace
-    from dqn_swap.user_loop import autoplan
+    from dqn_swap.integrations import autoplan
 
     for name, real in (("record_trace", record_trace), ("autoplan", autoplan), ("get_planner", get_planner)):
         shown = getattr(dqn_swap, name)

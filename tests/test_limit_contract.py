@@ -21,7 +21,7 @@ from dqn_swap.limits import resolve_limit
 from dqn_swap.recorder import record_trace
 from dqn_swap.runtime import PlannedExecution
 from dqn_swap.simulator import Simulator
-from dqn_swap.user_loop import autoplan
+from dqn_swap.integrations import autoplan
 
 
 def _net() -> nn.Module:

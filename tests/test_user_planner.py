@@ -15,7 +15,7 @@ from dqn_swap.agents import get_planner, planner_names
 from dqn_swap.cli import main
 from dqn_swap.planners import manual_plan, register, saved_activations, unregister
 from dqn_swap.recorder import record_trace
-from dqn_swap.user_loop import autoplan
+from dqn_swap.integrations import autoplan
 
 from .runtime_support import assert_same_state, mlp_loop
 

@@ -348,7 +348,7 @@ def _register_state(recorder: _Recorder, model: torch.nn.Module, opt: torch.opti
 def _end_iteration(recorder: _Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
     """What is known once the recorded iteration is over (its recorder still active): tensors still
     held, constants folded into the ops that read them, roles, gradient sums made in place.  One
-    place for :func:`record_trace` and the recording in the user's loop (:mod:`dqn_swap.user_loop`)."""
+    place for :func:`record_trace` and the recording in the user's loop (:mod:`dqn_swap.integrations`)."""
     recorder.resolve_numbers()
     if recorder.unsharded:
         recorder.poll_unsharded()  # FSDP resharded after the last op
@@ -410,7 +410,7 @@ def carry_held_outputs(recorder: _Recorder, released_at: int, outputs: list[torc
     bound again somewhere later in the next step, so it is carried to the step's end.
 
     Held outputs that are not let go at the next call (kept in a list) make every step begin
-    with more bytes than the trace: :mod:`dqn_swap.user_loop` sees that at the step's start."""
+    with more bytes than the trace: :mod:`dqn_swap.integrations` sees that at the step's start."""
     b = recorder.b
     n = len(b.ops)
     state = (Role.GRADIENT, Role.OPTIMIZER_STATE, Role.PARAMETER, Role.HIDDEN)

@@ -7,7 +7,7 @@ for three nodes is copied once), and the storage brought back in backward is sha
 view of it unpacked while it lives, so a storage is never on the device twice.
 
 It is the mode in which a step runs where no plan is known to fit it: the steps before a plan
-exists (:mod:`dqn_swap.user_loop`), and the rest of a planned step from the point where the live
+exists (:mod:`dqn_swap.integrations`), and the rest of a planned step from the point where the live
 iteration leaves the plan's trace (:class:`~dqn_swap.runtime.PlannedExecution` with
 ``on_mismatch="safe"``).
 

@@ -28,7 +28,7 @@ def auto(tiny_resnet_trace):
 
 def test_the_default_planner_is_auto_at_every_entry_point() -> None:
     from dqn_swap.cli.simulate_cmd import make_plan
-    from dqn_swap.user_loop import AutoPlan
+    from dqn_swap.integrations import AutoPlan
 
     assert DEFAULT_PLANNER == "auto"
     assert inspect.signature(dqn_swap.autoplan).parameters["planner"].default == "auto"

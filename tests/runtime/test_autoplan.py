@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dqn_swap.user_loop import AutoPlanError, autoplan
+from dqn_swap.integrations import AutoPlanError, autoplan
 from dqn_swap.recorder import record_trace
 from dqn_swap.trace import resolve_memory_limit
 
@@ -126,7 +126,7 @@ def test_the_recorded_step_is_the_iteration_record_trace_sees() -> None:
 
 
 def test_the_batch_size_is_the_leading_dimension_all_tensor_arguments_share() -> None:
-    from dqn_swap.user_loop import batch_size_of
+    from dqn_swap.integrations import batch_size_of
 
     x, y = torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)
     assert batch_size_of((x,), {"labels": y, "mask": None, "scale": 2.0}) == 8
@@ -193,7 +193,7 @@ def test_two_forward_passes_in_one_step_are_refused() -> None:
 def test_where_the_planner_finds_no_plan_another_does_else_it_is_refused(monkeypatch) -> None:
     """sqrt-n cannot reach the minimum ("0%"); a fallback planner can, and training goes on as
     unplanned training does, said in the log.  With no fallback, the step is refused with one line."""
-    import dqn_swap.user_loop as ul
+    import dqn_swap.integrations.loop_planning as ul
 
     data = batches(4)
     a, oa, _, _ = run(fresh(), data)

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from dqn_swap.user_loop import AutoPlan, AutoPlanError, autoplan
+from dqn_swap.integrations import AutoPlan, AutoPlanError, autoplan
 
 from .test_autoplan import assert_same_state, batches, fresh, run
 

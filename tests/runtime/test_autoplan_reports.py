@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dqn_swap.user_loop import AutoPlanError, autoplan
+from dqn_swap.integrations import AutoPlanError, autoplan
 
 from .test_autoplan import DictNet, batches, optimizer_of
 

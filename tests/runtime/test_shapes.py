@@ -26,7 +26,7 @@ from dqn_swap.limits import resolve_limit
 from dqn_swap.meter import AllocatorTimeline
 from dqn_swap.runtime import PlannedExecution, TraceMismatchError
 from dqn_swap.trace import dominates, envelope, same_structure
-from dqn_swap.user_loop import bucket
+from dqn_swap.integrations import bucket
 
 from .test_autoplan import assert_same_state
 

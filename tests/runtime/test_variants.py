@@ -23,7 +23,7 @@ from dqn_swap.runtime import PlannedExecution, TraceMismatchError
 from dqn_swap.runtime.offload import HostOffload, persistent_storages
 from dqn_swap.simulator import schedule_plan
 from dqn_swap.trace import resolve_memory_limit
-from dqn_swap.user_loop import AutoPlanError, autoplan
+from dqn_swap.integrations import AutoPlanError, autoplan
 
 from .test_autoplan import assert_same_state
 
