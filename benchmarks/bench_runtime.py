@@ -118,7 +118,7 @@ def gpu(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("bench_runtime: needs a CUDA GPU (none available); nothing measured", file=sys.stderr)
         return 2
-    from dqn_swap.cli.experiment import METHODS, run_planned_training
+    from dqn_swap.integrations.experiment import METHODS, run_planned_training
 
     from common import provenance
     from machine import relative_paths
@@ -301,7 +301,7 @@ class _Subject:
     def run(self, plan: Any, backend: Any = None) -> tuple[int, dict[str, Any]]:
         import torch
 
-        from dqn_swap.cli.experiment import measured_cpu_peak
+        from dqn_swap.integrations.experiment import measured_cpu_peak
         from dqn_swap.runtime import PlannedExecution
 
         um = self.um

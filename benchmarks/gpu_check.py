@@ -111,7 +111,7 @@ def check_model(name: str, batch: int, device: Any, *, steps: int, warmup: int, 
     """Every measurement of one model (module docstring), until ``deadline`` (``time.perf_counter``)."""
     import torch
 
-    from dqn_swap.cli.experiment import _profile, _resolve_limit, make_planned, record, simulate_plan, train_steps
+    from dqn_swap.integrations.experiment import _profile, _resolve_limit, make_planned, record, simulate_plan, train_steps
     from dqn_swap.limits import MemoryLimitError
     from dqn_swap.agents import get_planner
 

@@ -38,4 +38,31 @@ def load_attribute(spec: str, what: str) -> Any:
         raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
 
 
-__all__ = ["import_from_here", "load_attribute"]
+def load_workload(spec: str, batch_size: int, device: str, seed: int, seq_len: int | None = None):
+    """A zoo workload by name, or a user's from ``module:function`` (``seq_len``: Hugging Face
+    language models only)."""
+    from .models import build_workload
+
+    if ":" not in spec:
+        return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
+    module_name, _, fn_name = spec.partition(":")
+    if module_name in ("hf", "gen"):
+        return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
+    if seq_len is not None:
+        raise ValueError(f"model {spec!r}: only Hugging Face language models (hf:NAME) take a sequence length")
+    fn = load_attribute(spec, "model")
+    if not callable(fn):
+        raise ValueError(f"model {spec!r}: {module_name}.{fn_name} is not a function")
+    try:
+        workload = fn(batch_size, device)
+    except Exception as e:  # noqa: BLE001 - the user's code: say where it failed, in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"model {spec!r}: {fn_name}(batch_size, device) raised {type(e).__name__}: {first}"[:300]
+                         ) from None
+    if not all(hasattr(workload, a) for a in ("model", "example_inputs", "loss_fn", "make_optimizer")):
+        raise ValueError(f"model {spec!r}: {fn_name}(batch_size, device) must return a dqn_swap.models.Workload, "
+                         f"not {type(workload).__name__}")
+    return workload
+
+
+__all__ = ["load_workload", "import_from_here", "load_attribute"]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dqn_swap.cli import main
-from dqn_swap.cli.experiment import _resolve_limit
+from dqn_swap.integrations.experiment import _resolve_limit
 from dqn_swap.limits import MemoryLimit, MemoryLimitError, resolve_limit
 from dqn_swap.planners import manual_plan
 from dqn_swap.runtime import PlannedExecution

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dqn_swap.cli.experiment import measured_cpu_peak
+from dqn_swap.integrations.experiment import measured_cpu_peak
 from dqn_swap.recorder import record_trace
 from dqn_swap.planners import manual_plan, saved_activations
 from dqn_swap.runtime import PlannedExecution

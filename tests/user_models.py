@@ -56,7 +56,7 @@ gradients are allocated during its backward instead of alive from the start; ``z
 freed them before), so the peak of the whole iteration is micro-step 1's, and
 ``trace.initial_bytes`` is what is alive when an iteration starts (the previous iteration's
 gradients included).  :func:`measured_loop_peak` measures it as
-:func:`dqn_swap.cli.experiment.measured_cpu_peak` does: every iteration under the allocator's
+:func:`dqn_swap.integrations.experiment.measured_cpu_peak` does: every iteration under the allocator's
 timeline, the last one's peak above its start plus ``trace.initial_bytes``.
 """
 

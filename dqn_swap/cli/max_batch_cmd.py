@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ..limits import MemoryLimit
     from ..plots import capacity_plot
     from ..recorder import record_trace
-    from .record_cmd import load_workload
+    from ..user_code import load_workload
     from .simulate_cmd import check_settings_apply, planner_settings
 
     limit = MemoryLimit.parse(args.memory)

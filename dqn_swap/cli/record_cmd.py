@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cost import DEFAULT_PROFILE, PROFILES
-from ..user_code import load_attribute
+from ..user_code import load_workload
 from .common import MAX_SEED, batch_size, check_host_memory, human, print_json, print_table, whole
 
 
@@ -42,33 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace the output file if it exists")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
-
-
-def load_workload(spec: str, batch_size: int, device: str, seed: int, seq_len: int | None = None):
-    """A zoo workload by name, or a user's from ``module:function`` (``seq_len``: Hugging Face
-    language models only)."""
-    from ..models import build_workload
-
-    if ":" not in spec:
-        return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
-    module_name, _, fn_name = spec.partition(":")
-    if module_name in ("hf", "gen"):
-        return build_workload(spec, batch_size, device, seed=seed, seq_len=seq_len)
-    if seq_len is not None:
-        raise ValueError(f"model {spec!r}: only Hugging Face language models (hf:NAME) take a sequence length")
-    fn = load_attribute(spec, "model")
-    if not callable(fn):
-        raise ValueError(f"model {spec!r}: {module_name}.{fn_name} is not a function")
-    try:
-        workload = fn(batch_size, device)
-    except Exception as e:  # noqa: BLE001 - the user's code: say where it failed, in one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ValueError(f"model {spec!r}: {fn_name}(batch_size, device) raised {type(e).__name__}: {first}"[:300]
-                         ) from None
-    if not all(hasattr(workload, a) for a in ("model", "example_inputs", "loss_fn", "make_optimizer")):
-        raise ValueError(f"model {spec!r}: {fn_name}(batch_size, device) must return a dqn_swap.models.Workload, "
-                         f"not {type(workload).__name__}")
-    return workload
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,12 +9,12 @@ import sys
 from ..files import write_text
 from .common import AGENT_HELP, MAX_SEED, MAX_STEPS, batch_size, check_host_memory, load_trace, whole
 
-# The names of dqn_swap.cli.experiment.METHODS and RENAMED_METHODS, written out so that
+# The names of dqn_swap.integrations.experiment.METHODS and RENAMED_METHODS, written out so that
 # --help does not import torch (a test checks they agree).
 METHOD_NAMES = ("unplanned", "planned", "torch-checkpoint", "save_on_cpu")
 RENAMED_METHODS = {"checkpoint": "torch-checkpoint"}
 
-#: What ``--model`` accepts besides the zoo, as ``dqn-swap record`` (:func:`.record_cmd.load_workload`).
+#: What ``--model`` accepts besides the zoo, as ``dqn-swap record`` (:func:`dqn_swap.user_code.load_workload`).
 MODEL_FORMS = ("hf:NAME, a Hugging Face architecture (hf:gpt2, hf:llama, hf:bert, hf:vit) or hf:PATH/config.json; "
                "gen:FAMILY:SEED, a network drawn from a family of dqn_swap.models.generator (gen:mlp_mixer:3); or "
                "your own, as 'package.module:function' where function(batch_size, device) returns a "
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cost import PROFILES
     from ..limits import MemoryLimit
     from ..planners import DEFAULT_PLANNER
-    from .experiment import report_table, run_planned_training
+    from ..integrations.experiment import report_table, run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[run] {message}", file=sys.stderr, flush=True)
 
     if args.device == "cpu":
-        from .record_cmd import load_workload
+        from ..user_code import load_workload
 
         check_host_memory(lambda device: load_workload(args.model, args.batch_size, device, args.seed),
                           args.model, args.batch_size)

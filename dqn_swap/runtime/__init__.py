@@ -5,8 +5,8 @@
 depends on the core alone (trace, plan) and applies what the plan's schedule
 says: it never plans, and refuses a plan without a schedule
 (:func:`dqn_swap.simulator.schedule_plan` makes one); the experiment harness
-that compares it with other methods lives with the command line
-(:mod:`dqn_swap.cli.experiment`).
+that compares it with other methods lives with the integrations, above it
+(:mod:`dqn_swap.integrations.experiment`).
 
 Modules: :mod:`.backend` (streams, events, copies of CUDA and the CPU), :mod:`.offload` (safe mode),
 :mod:`.standin` (a CPU device with late copies and a checker), :mod:`.index`

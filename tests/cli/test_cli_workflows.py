@@ -301,7 +301,7 @@ def test_run_bad_input_one_line(args, message, capsys):
 
 def test_run_script_and_subcommand_share_names():
     from dqn_swap.cli import run_cmd
-    from dqn_swap.cli.experiment import METHODS, RENAMED_METHODS
+    from dqn_swap.integrations.experiment import METHODS, RENAMED_METHODS
 
     assert run_cmd.METHOD_NAMES == METHODS and run_cmd.RENAMED_METHODS == RENAMED_METHODS
 

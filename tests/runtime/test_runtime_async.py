@@ -167,7 +167,7 @@ def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True, b
     ``batch``: the zoo network ``name`` at that batch size instead of the test model ``name``."""
     import dqn_swap.simulator as sim
     from dqn_swap.agents import get_planner
-    from dqn_swap.cli.experiment import measured_cpu_peak
+    from dqn_swap.integrations.experiment import measured_cpu_peak
     from dqn_swap.trace import resolve_memory_limit
 
     trace = trace_of(name) if batch is None else _zoo_trace(name, batch)

@@ -208,7 +208,7 @@ def test_a_device_limit_holds_the_measured_peak_with_the_workspaces_beside_it() 
     """A limit in bytes is the device's: cuBLAS's workspaces and whatever else the device held as the
     iteration was recorded (``Trace.outside_bytes``) come off it before planning, and the peak the
     allocator measures, which counts them, stays under it."""
-    from dqn_swap.cli.experiment import _profile, record, run_planned_training
+    from dqn_swap.integrations.experiment import _profile, record, run_planned_training
 
     device = torch.device("cuda")
     trace = record("gpt_tiny", 8, device, _profile(None, device), 0)

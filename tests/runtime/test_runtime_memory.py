@@ -11,7 +11,7 @@ Property, over (model, planner, limit) cases with a feasible, non-empty plan: th
 measured peak is never above the limit, and within 5 % of the predicted peak.
 ``benchmarks/bench_runtime.py memory`` records the largest ratios.
 
-The harness (:func:`dqn_swap.cli.experiment.measured_cpu_peak`) holds its batch and
+The harness (:func:`dqn_swap.integrations.experiment.measured_cpu_peak`) holds its batch and
 labels through the iteration, as training loops do; the runtime never empties an input
 the loop can still read (``HeldInputWarning``), so a plan that swaps an input frees
 nothing there.  Those plans are measured apart: the prediction plus at most the bytes of
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dqn_swap.cli.experiment import measured_cpu_peak
+from dqn_swap.integrations.experiment import measured_cpu_peak
 from dqn_swap.plan import Plan
 from dqn_swap.planners import manual_plan, saved_activations
 from dqn_swap.recorder import record_trace

@@ -1,7 +1,7 @@
 """The experiment harness: planned training of a model-zoo workload, measured beside the alternatives.
 
-It belongs to the command-line layer (``dqn-swap run``, ``benchmarks/bench_runtime.py``):
-it plans (any registered planner, :func:`dqn_swap.agents.get_planner`) and schedules the plan
+A library for ``dqn-swap run``, the benchmarks (``benchmarks/bench_runtime.py``) and the tests,
+with the integrations above the agents and the runtime: it plans (any registered planner, :func:`dqn_swap.agents.get_planner`) and schedules the plan
 (:func:`dqn_swap.simulator.schedule_plan`), while the runtime it drives only applies plans.
 
 :func:`run_planned_training` records the trace on the device, plans, trains
@@ -136,7 +136,7 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
     (profiling slows a step down; ``save_on_cpu`` is not measured there, its
     "host" is the same memory).
     """
-    from .record_cmd import load_workload
+    from ..user_code import load_workload
 
     gc.collect()
     if device.type == "cuda":
@@ -241,7 +241,7 @@ def record(model_name: str, batch_size: int, device: torch.device, profile: Devi
            seed: int = 0) -> Trace:
     """Record the workload's trace on ``device`` (a separate model instance: weights are not shared)."""
     from ..recorder import record_trace
-    from .record_cmd import load_workload
+    from ..user_code import load_workload
 
     w = load_workload(model_name, batch_size, device, seed)
     trace = record_trace(w.model, w.example_inputs, w.loss_fn, w.make_optimizer, device=device, profile=profile,
