@@ -43,6 +43,7 @@ Two graphs can be built from these action nodes (``graph=``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -292,3 +293,26 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
         node_op=node_op, action_nodes=nodes, n_action_tensors=len(np.unique(a_tensor)),
         size_scale=size_scale, time_scale=time_scale,
     )
+
+
+def recompute_links(trace: Trace, sim: Any, g: ActionGraph) -> dict[int, np.ndarray]:
+    """For each recompute node, the recompute nodes that choosing it makes invalid when chains are off.
+
+    Removing ``X`` blocks removing the inputs of ``X``'s producer and the
+    tensors whose producer reads ``X``: either would make a re-run need
+    another re-run (a chain), which the simulator charges once per target
+    (transient inputs), so a chain of ``k`` removed tensors costs ``O(k^2)``
+    re-runs, as in an LSTM's cell-state chain.
+    """
+    rec_nodes = np.flatnonzero(g.kind == RECOMPUTE)
+    node_of = {int(g.tensor[n]): int(n) for n in rec_nodes}
+    inputs = sim.index.op_inputs  # per op: tensors it reads and did not allocate
+    alloc = trace.tensor_alloc_op
+    links: dict[int, set[int]] = {int(n): set() for n in rec_nodes}
+    for n in rec_nodes.tolist():
+        for y in inputs[int(alloc[int(g.tensor[n])])]:
+            m = node_of.get(int(y))
+            if m is not None and m != n:
+                links[n].add(m)  # n removed: its producer's input y must stay
+                links[m].add(n)  # y removed: n's re-run would need y's re-run
+    return {n: np.fromiter(sorted(v), dtype=np.int64, count=len(v)) for n, v in links.items()}

@@ -17,7 +17,7 @@ from dqn_swap.stop import kernel_interruption
 from dqn_swap.trace import Trace
 
 from .candidates import (F_CHOSEN, F_DEFICIT, F_EXEC, F_LIMIT, F_SLACK, F_TVIOL, F_VALID, FEATURES, N_FEATURES,
-                         RECOMPUTE, SWAP, ActionGraph, build_action_graph)
+                         RECOMPUTE, SWAP, ActionGraph, build_action_graph, recompute_links)
 
 
 @dataclass(frozen=True)
@@ -39,29 +39,6 @@ class DynamicState:
     time_to_violation: np.ndarray
     chosen: np.ndarray
     swap_slack: np.ndarray | None = None
-
-
-def _recompute_links(trace: Trace, sim: Any, g: ActionGraph) -> dict[int, np.ndarray]:
-    """For each recompute node, the recompute nodes that choosing it makes invalid when chains are off.
-
-    Removing ``X`` blocks removing the inputs of ``X``'s producer and the
-    tensors whose producer reads ``X``: either would make a re-run need
-    another re-run (a chain), which the simulator charges once per target
-    (transient inputs), so a chain of ``k`` removed tensors costs ``O(k^2)``
-    re-runs, as in an LSTM's cell-state chain.
-    """
-    rec_nodes = np.flatnonzero(g.kind == RECOMPUTE)
-    node_of = {int(g.tensor[n]): int(n) for n in rec_nodes}
-    inputs = sim.index.op_inputs  # per op: tensors it reads and did not allocate
-    alloc = trace.tensor_alloc_op
-    links: dict[int, set[int]] = {int(n): set() for n in rec_nodes}
-    for n in rec_nodes.tolist():
-        for y in inputs[int(alloc[int(g.tensor[n])])]:
-            m = node_of.get(int(y))
-            if m is not None and m != n:
-                links[n].add(m)  # n removed: its producer's input y must stay
-                links[m].add(n)  # y removed: n's re-run would need y's re-run
-    return {n: np.fromiter(sorted(v), dtype=np.int64, count=len(v)) for n, v in links.items()}
 
 
 class SwapRecomputeEnv(gym.Env):
@@ -267,7 +244,7 @@ class SwapRecomputeEnv(gym.Env):
             raise ValueError(f"max_chain must be a whole number of at least 1, not {max_chain!r}")
         self.max_chain = int(max_chain)
         self.swap_slack = bool(swap_slack)
-        self._chain_links = None if self.recompute_chains else _recompute_links(trace, self.sim, g)
+        self._chain_links = None if self.recompute_chains else recompute_links(trace, self.sim, g)
         # per node, the action as the simulator's arrays (Simulator.run_summary: no Action objects per step)
         self._node_event = g.event.astype(np.int64)
         self._node_tensor = g.tensor.astype(np.int64)

@@ -9,6 +9,7 @@ generation and reports the certified bound.
 """
 
 from .planner import OptimalPlanner
-from .program import Candidate, ProgramSize, SwapProgram, candidates, critical_ops
+from .candidates import Candidate, candidates, critical_ops
+from .program import ProgramSize, SwapProgram
 
 __all__ = ["Candidate", "OptimalPlanner", "ProgramSize", "SwapProgram", "candidates", "critical_ops"]

@@ -65,7 +65,8 @@ from dqn_swap.plan import ActionKind
 from dqn_swap.progress import Progress as ProgressLine
 from dqn_swap.stop import check as check_stop
 
-from .program import SwapProgram, candidates, critical_ops
+from .candidates import candidates, critical_ops
+from .program import SwapProgram
 from .solver import Progress, solve
 
 #: gaps at or below this count as proved optimal (the solver's own feasibility tolerance is ~1e-7)
