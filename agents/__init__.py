@@ -8,7 +8,7 @@ All produce the same :class:`~dqn_swap.plan.Plan` through
 ``get_planner(name).plan(trace, memory_limit, profile)``.  A planner's module is imported when
 the planner is first built, so naming a baseline never loads the learning side (torch).
 
-:func:`get_planner`, :func:`planner_names` and :func:`planner_help` are the registry's own,
+:func:`get_planner`, :func:`planner_names`, :func:`planner_options` and :func:`planner_help` are the registry's own,
 re-exported here so that whoever imports them from this package has every planner registered.
 """
 
@@ -18,12 +18,44 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from dqn_swap.planners import Planner, check_planner_name, get_planner, planner_help, planner_names, register
+from dqn_swap.planner_options import PlannerOption, positive_seconds, simulation_count
+from dqn_swap.planners import (Planner, check_planner_name, get_planner, planner_help, planner_names, planner_options,
+                               register)
 
 #: How the ``dqn`` planner reads its Q-values (see :class:`dqn_swap.agents.dqn.planner.DQNPlanner`).
 DQN_DECODINGS = ("greedy", "cover", "auto")
 #: ``decode="auto"`` uses ``cover`` from this many action nodes up.
 AUTO_COVER_NODES = 2000
+
+
+# The settings the command line offers as flags (dqn_swap.planner_options): one object per flag.
+TIME_LIMIT = PlannerOption(
+    "time_limit", metavar="SECONDS", parse=positive_seconds, aliases=("--search-seconds",),
+    help="seconds the planner may take for one plan; when they run out it returns the best plan found so far. "
+         "auto and dqn-search count wall-clock seconds (auto's default grows with the trace, 4 s on ResNet-50 "
+         "b64 to at most 25; dqn-search's is 30; their budgets of simulations stop the searches first where they "
+         "can, and then the plan is the same on every machine); optimal counts its solver's CPU seconds "
+         "(default 600) and reports the plan's certified gap")
+DECODE = PlannerOption(
+    "decode", choices=DQN_DECODINGS,
+    help="how the agent's Q-values are read: greedy (one action, then look again), cover (the best actions "
+         "until the bytes missing are covered, then look again; several times faster on large graphs) or auto "
+         f"(cover from {AUTO_COVER_NODES} action nodes up, else greedy; the default)")
+MEMBERS = PlannerOption(
+    "members", nargs="*", metavar="AGENT_FILE", to_settings=lambda files: {"members": True, "more_agents": list(files)},
+    help="with an ensemble (--agent ensemble): also plan with each of its agents alone, and with these agent or "
+         "ensemble files in their own environments (ensemble_groups, shipped), and keep the plan the simulator "
+         "finds fastest (one greedy pass per agent, no search)")
+SEARCH_SIMULATIONS = PlannerOption(
+    "polish_simulations", flag="--search-simulations", metavar="N", parse=simulation_count,
+    to_settings=lambda n: {"polish": n > 0, "polish_simulations": n},
+    help="how many simulations the local search may run on each of its two decoded plans (it drops, flips, "
+         "shifts or replaces actions while the simulated iteration gets faster, and stops earlier when nothing "
+         "helps; default: 250 million simulated events' worth, 57,803 on ResNet-50 b64; 0: no local search)")
+#: Each planner's flags (the others have none).
+_OPTIONS: dict[str, tuple[PlannerOption, ...]] = {
+    "auto": (TIME_LIMIT,), "dqn": (DECODE, MEMBERS), "dqn-search": (TIME_LIMIT, SEARCH_SIMULATIONS),
+    "optimal": (TIME_LIMIT,)}
 
 
 def _lazy(module: str, cls: str, *, agent: str | None = None) -> Callable[..., Planner]:
@@ -81,9 +113,10 @@ _PLANNERS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
 )
 
 for _name, _kind, _module, _cls, _agent, _summary in _PLANNERS:
-    register(_name, _lazy(_module, _cls, agent=_agent), kind=_kind, summary=_summary, takes_agent=_agent is not None)
+    register(_name, _lazy(_module, _cls, agent=_agent), kind=_kind, summary=_summary, takes_agent=_agent is not None,
+             options=_OPTIONS.get(_name, ()))
 del _name, _kind, _module, _cls, _agent, _summary
 
 
-__all__ = ["AUTO_COVER_NODES", "DQN_DECODINGS", "check_planner_name", "get_planner", "planner_help",
-           "planner_names"]
+__all__ = ["AUTO_COVER_NODES", "DECODE", "DQN_DECODINGS", "MEMBERS", "SEARCH_SIMULATIONS", "TIME_LIMIT",
+           "check_planner_name", "get_planner", "planner_help", "planner_names", "planner_options"]

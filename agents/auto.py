@@ -30,7 +30,7 @@ the machine's speed.
 
 ``settings`` of the plan record how it was made: ``chosen`` (the candidate returned: ``dqn-search``,
 a baseline's name, or ``"<baseline> polished"``), ``candidates`` (every candidate's overhead, None
-where it did not fit), ``seconds`` (the budget), ``agent`` (None: the shipped one), ``stage_seconds``,
+where it did not fit), ``time_limit`` (the budget), ``agent`` (None: the shipped one), ``stage_seconds``,
 the settings of ``dqn-search``'s plan (``dqn_search``, where it ran) and, for a baseline's plan, that
 planner's own name and settings (``from_planner``, ``from_settings``).
 """
@@ -47,6 +47,7 @@ import numpy as np
 from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Plan
+from dqn_swap.planner_options import renamed_setting
 from dqn_swap.planners import get_planner, plan_cost
 from dqn_swap.progress import progress
 from dqn_swap.simulator import Simulator
@@ -96,15 +97,16 @@ def _optimal(plan: Plan) -> bool:
 
 class AutoPlanner:
     """``plan(trace, memory_limit, profile) -> Plan``: the fastest of the quick baselines, ``dqn-search``
-    and the baselines polished, within ``seconds`` (module docstring).
+    and the baselines polished, within ``time_limit`` (module docstring).
 
     Args:
         agent: the agent file ``dqn-search`` reads (None: the shipped agent).
-        seconds: the budget in wall-clock seconds for one plan (None: :func:`default_seconds` of the trace).
+        time_limit: the budget in wall-clock seconds for one plan (None: :func:`default_seconds` of
+            the trace; ``seconds``, its former name, is still taken, with a ``DeprecationWarning``).
         threads: torch threads for the agent's network (None: torch's setting).
 
     Raises:
-        ValueError: ``seconds`` is not a positive finite number.
+        ValueError: ``time_limit`` is not a positive finite number.
 
     Example::
 
@@ -115,24 +117,27 @@ class AutoPlanner:
 
     name = "auto"
 
-    def __init__(self, agent: str | os.PathLike[str] | None = None, *, seconds: float | None = None,
-                 threads: int | None = None) -> None:
-        if seconds is not None and not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds > 0):
-            raise ValueError(f"seconds must be a positive number of seconds or None, not {seconds!r}")
-        self.seconds = None if seconds is None else float(seconds)
+    def __init__(self, agent: str | os.PathLike[str] | None = None, *, time_limit: float | None = None,
+                 threads: int | None = None, seconds: float | None = None) -> None:
+        if seconds is not None:
+            time_limit = renamed_setting("seconds", "time_limit", seconds)
+        if time_limit is not None and not (isinstance(time_limit, (int, float)) and np.isfinite(time_limit)
+                                           and time_limit > 0):
+            raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
+        self.time_limit = None if time_limit is None else float(time_limit)
         self.threads = threads
         self.agent = agent
         # Loaded here, as dqn-search loads it (torch and the agent: about 2 s), not in a plan's budget.
         self._search = get_planner("dqn-search", agent=None if agent is None else str(agent), threads=threads)
 
-    def _searcher(self, time_budget: float) -> Any:
-        self._search.time_budget = max(float(time_budget), 1e-3)
+    def _searcher(self, time_limit: float) -> Any:
+        self._search.time_limit = max(float(time_limit), 1e-3)
         return self._search
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
         memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         t0 = time.perf_counter()
-        budget = self.seconds if self.seconds is not None else default_seconds(trace.n_events)
+        budget = self.time_limit if self.time_limit is not None else default_seconds(trace.n_events)
         end = t0 + budget
         prof = profile_of(trace, profile)
         candidates: dict[str, Plan] = {}
@@ -191,7 +196,7 @@ class AutoPlanner:
             plan = candidates[chosen]
             show.close(lambda: f"done, {chosen}, overhead {plan.figures.get('overhead', np.nan):.4f}")
         settings: dict[str, Any] = {
-            "chosen": chosen, "seconds": budget, "agent": None if self.agent is None else str(self.agent),
+            "chosen": chosen, "time_limit": budget, "agent": None if self.agent is None else str(self.agent),
             "candidates": {n: _overhead(p) for n, p in candidates.items()}, "cut_by_time": cut,
             "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
             "plan_seconds": round(time.perf_counter() - t0, 3)}

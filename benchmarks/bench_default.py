@@ -97,7 +97,7 @@ def bench_grid(args: argparse.Namespace) -> dict[str, Any]:
             cells.append({"network": NAMES[model], "model": model, "limit": frac, "limit_bytes": limit,
                           "fingerprint": trace.fingerprint, "auto": mine, "chosen": plan.settings["chosen"],
                           "cut_by_time": plan.settings["cut_by_time"], "cpu_seconds": round(cpu, 3),
-                          "budget_seconds": plan.settings["seconds"], "best_baseline": best,
+                          "budget_seconds": plan.settings["time_limit"], "best_baseline": best,
                           "best_baseline_overhead": baselines.get(best), "dqn": old["dqn"]["overhead"]
                           if old.get("dqn", {}).get("feasible") else None,
                           "dqn_search": s["overhead"] if s and s.get("feasible") else None, "best_known": known,
@@ -245,7 +245,7 @@ def anytime_cell(trace: Any, limit: int, budgets: list[float], searcher: Any) ->
                 continue
             c0, t0 = time.process_time(), time.perf_counter()
             if seed == "agent":
-                searcher.time_budget = T
+                searcher.time_limit = T
                 plan = searcher.plan(trace, limit)
                 makespan = plan.figures["makespan"] if plan.figures.get("feasible") else None
                 cut = bool(plan.settings.get("cut_by_time"))
@@ -287,7 +287,7 @@ def bench_anytime(args: argparse.Namespace) -> dict[str, Any]:
     known_by = {(v["fingerprint"], int(v["limit_bytes"])): v["makespan"] for v in known.values()}
     searcher = get_planner("dqn-search", threads=1)
     nets = anytime_cells(args)
-    searcher.time_budget = 5
+    searcher.time_limit = 5
     searcher.plan(nets[0][2], pct(0.5).resolve(nets[0][2]))  # untimed: the compiled kernels load once per process
     cells = []
     for name, family, trace in nets:

@@ -130,7 +130,7 @@ class LongSearch:
         from dqn_swap.agents.local_search import default_simulations
 
         budget = self.factor * default_simulations(trace.n_events)
-        return {"planner": "dqn-search", "agent": str(self.agent), "k": self.k, "time_budget": self.seconds,
+        return {"planner": "dqn-search", "agent": str(self.agent), "k": self.k, "time_limit": self.seconds,
                 "polish_simulations": budget, "then_polished": {"max_rounds": LONG_ROUNDS, "max_simulations": budget}}
 
     def plan(self, trace: Any, limit: int, profile: Any) -> Any:
@@ -143,7 +143,7 @@ class LongSearch:
         from dqn_swap.simulator import Simulator
 
         s = self.settings(trace)
-        plan = get_planner("dqn-search", agent=self.agent, threads=1, k=self.k, time_budget=self.seconds,
+        plan = get_planner("dqn-search", agent=self.agent, threads=1, k=self.k, time_limit=self.seconds,
                            polish_simulations=s["polish_simulations"]).plan(trace, limit, profile)
         if not plan.figures.get("feasible"):
             return plan

@@ -100,7 +100,7 @@ def run(trace: Trace, profile_name: str, fractions: list[float], planners: list[
             if name in planner_names("dqn"):
                 settings["threads"] = 1
             if name == "dqn-search":
-                settings["time_budget"] = search_seconds
+                settings["time_limit"] = search_seconds
             planner = get_planner(name, **settings)
             with count_simulations() as counts:
                 t0, c0 = time.perf_counter(), time.process_time()

@@ -79,11 +79,11 @@ def run_control(args: argparse.Namespace) -> dict[str, Any]:
     return {"event_budget_per_polish": EVENT_BUDGET, "cells": cells}
 
 
-def search_cell(trace: Any, limit: int, threads: int = 1, time_budget: float | None | bool = None) -> dict[str, Any]:
+def search_cell(trace: Any, limit: int, threads: int = 1, time_limit: float | None | bool = None) -> dict[str, Any]:
     """``dqn-search`` (shipped agent) on one cell: figures, CPU seconds, simulations."""
     from dqn_swap.agents import get_planner
 
-    planner = get_planner("dqn-search", threads=threads, **({} if time_budget is False else {"time_budget": time_budget}))
+    planner = get_planner("dqn-search", threads=threads, **({} if time_limit is False else {"time_limit": time_limit}))
     with count_simulations() as counts:
         c0 = time.process_time()
         plan = planner.plan(trace, limit, PROFILE)

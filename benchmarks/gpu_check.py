@@ -59,7 +59,7 @@ BUDGET = 450.0  # seconds on a GPU before the remaining cells are skipped (the r
 
 
 #: The planners given the search budget, and the option each takes it by.
-SEARCHING = {"auto": "seconds", "dqn-search": "time_budget"}
+SEARCHING = {"auto": "time_limit", "dqn-search": "time_limit"}
 
 
 def default_planner() -> str:

@@ -35,6 +35,7 @@ import numpy as np
 from .cost import DeviceProfile, profile_of
 from .plan import Action, ActionKind, Plan
 from .activations import last_forward_event, saved_activations
+from .planner_options import PlannerOption
 from .trace import Trace
 
 #: The kinds a planner is registered under, in the order names are listed.
@@ -66,10 +67,11 @@ class Planner(Protocol):
 
 @dataclass(frozen=True)
 class PlannerEntry:
-    """One registered planner: its name, how to build it, its kind and its one-line summary.
+    """One registered planner: its name, how to build it, its kind, its one-line summary and options.
 
     ``factory(**settings)`` builds the planner; with ``takes_agent`` it also takes ``agent``, the
-    agent file the planner reads (``None``: the shipped agent).
+    agent file the planner reads (``None``: the shipped agent).  ``options``: the settings the
+    command line offers as flags (:class:`~dqn_swap.planner_options.PlannerOption`).
     """
 
     name: str
@@ -77,13 +79,14 @@ class PlannerEntry:
     kind: str
     summary: str
     takes_agent: bool = False
+    options: tuple[PlannerOption, ...] = ()
 
 
 _REGISTRY: dict[str, PlannerEntry] = {}
 
 
 def register(name: str, factory: Callable[..., Planner], *, kind: str = "user", summary: str | None = None,
-             takes_agent: bool = False) -> None:
+             takes_agent: bool = False, options: Iterable[PlannerOption] = ()) -> None:
     """Register the planner ``name``: ``factory(**settings)`` builds it (see :class:`PlannerEntry`).
 
     A user's own planner needs only its name and factory: a class or a function that returns an
@@ -91,10 +94,13 @@ def register(name: str, factory: Callable[..., Planner], *, kind: str = "user", 
     resolved bytes).  Its summary defaults to the first line of the factory's docstring.  Every
     entry point then takes the name: :func:`get_planner`, ``autoplan(planner=...)`` and the command
     line's ``--planner``, which also takes ``package.module:name`` and registers it on the way.
+    ``options`` are the settings the command line offers for it as flags
+    (:class:`~dqn_swap.planner_options.PlannerOption`); a flag another planner reads must be that
+    planner's option itself, so that it means one thing.
 
     Raises:
-        ValueError: the name is taken by another factory, the kind is outside :data:`KINDS`, or the
-            summary is not one line.
+        ValueError: the name is taken by another factory, the kind is outside :data:`KINDS`, the
+            summary is not one line, or an option's flag means something else for another planner.
 
     Example::
 
@@ -111,7 +117,22 @@ def register(name: str, factory: Callable[..., Planner], *, kind: str = "user", 
         raise ValueError(f"planner {name!r}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if not summary or "\n" in summary:
         raise ValueError(f"planner {name!r}: the summary must be one line")
-    entry = PlannerEntry(name, factory, kind, summary, takes_agent)
+    options = tuple(options)
+    if not all(isinstance(o, PlannerOption) for o in options):
+        raise ValueError(f"planner {name!r}: options must be PlannerOption objects")
+    taken: dict[str, tuple[PlannerOption, str]] = {}
+    for e in _REGISTRY.values():
+        for o in e.options if e.name != name else ():
+            for flag in o.names:
+                taken.setdefault(flag, (o, e.name))
+    for o in options:
+        for flag in o.names:
+            other = taken.get(flag)
+            if flag in ("--agent", "--planner", "--memory-limit", "--profile", "--json", "--keep", "--recompute") or (
+                    other is not None and other[0] != o):
+                raise ValueError(f"planner {name!r}: its option {flag} is taken"
+                                 + (f" by planner {other[1]!r} with another meaning" if other else " by the command line"))
+    entry = PlannerEntry(name, factory, kind, summary, takes_agent, options)
     old = _REGISTRY.get(name)
     if old is not None and old != entry:
         raise ValueError(f"planner {name!r} is already registered (kind {old.kind})")
@@ -128,6 +149,48 @@ def unregister(name: str) -> None:
     if entry is None or entry.kind != "user":
         raise ValueError(f"{name!r} is not a planner registered by the user")
     del _REGISTRY[name]
+
+
+def planner_options(names: Iterable[str] | None = None) -> dict[str, tuple[PlannerOption, tuple[str, ...]]]:
+    """Every flag the planners ``names`` (default: all registered) read: flag -> (its option, the
+    planners that read it), in registration order."""
+    out: dict[str, tuple[PlannerOption, tuple[str, ...]]] = {}
+    for n in (planner_names() if names is None else names):
+        for o in planner_entry(n).options:
+            old = out.get(o.name)
+            out[o.name] = (o, (*old[1], n) if old else (n,))
+    return out
+
+
+def settings_from(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The settings of planner ``name`` from the command line's ``values`` (flag's ``dest`` -> parsed
+    value, ``None``: not given): only the options ``name`` reads."""
+    out: dict[str, Any] = {}
+    for o in planner_entry(name).options:
+        value = values.get(o.dest)
+        if value is not None:
+            out.update(o.settings(value))
+    return out
+
+
+def check_options_apply(planners: Iterable[str], given: Iterable[str]) -> None:
+    """Refuse, in one line, a flag in ``given`` that none of ``planners`` reads (``--agent`` with
+    ``--planner greedy`` would otherwise be ignored, and the user left believing the agent planned).
+
+    Raises:
+        ValueError: names the flag, who reads it, and that the planners chosen do not.
+    """
+    planners = list(planners)
+    every = planner_options()
+    readers = {flag: who for flag, (_, who) in every.items()}
+    readers["--agent"] = tuple(n for n in planner_names() if planner_entry(n).takes_agent)
+    for flag in given:
+        who = readers.get(flag, ())
+        if set(who) & set(planners):
+            continue
+        chosen = (f"--planner {planners[0]} does not read it" + (f" (name one that does: --planner {who[0]})" if who else "")
+                  if len(planners) == 1 else f"none of the planners chosen ({', '.join(planners)}) reads it")
+        raise ValueError(f"{flag} is read by {', '.join(who) or 'no planner'} only, and {chosen}")
 
 
 def planner_names(kind: str | None = None) -> tuple[str, ...]:
@@ -156,14 +219,15 @@ def planner_entry(name: str) -> PlannerEntry:
 
 def _user_planner(spec: str) -> PlannerEntry:
     """Register the planner ``package.module:name`` names (module docstring of :func:`register`): a
-    factory, or a planner object (anything with a ``plan`` method that is not a class)."""
+    factory, or a planner object (anything with a ``plan`` method that is not a class).  A factory's
+    ``options`` attribute, where it has one, lists its :class:`PlannerOption` flags."""
     from .user_code import load_attribute
 
     obj = load_attribute(spec, "planner")
     if callable(getattr(obj, "plan", None)) and not isinstance(obj, type):
         register(spec, lambda: obj, summary=f"{spec}, the user's planner")
     elif callable(obj):
-        register(spec, obj)
+        register(spec, obj, options=getattr(obj, "options", ()))  # a class may declare its flags
     else:
         raise ValueError(f"planner {spec!r} is neither a planner (an object with a plan method) nor a function "
                          "or class that makes one")
@@ -329,6 +393,7 @@ def enforce_pins(trace: Trace, plan: Plan, pins: Any, profile: DeviceProfile | s
                 figures=result.figures(), schedule=result.schedule, settings=settings)
 
 
-__all__ = ["KINDS", "RENAMED", "Planner", "PlannerEntry", "check_planner_name", "enforce_pins", "get_planner",
+__all__ = ["KINDS", "RENAMED", "Planner", "PlannerEntry", "PlannerOption", "check_options_apply", "check_planner_name",
+           "enforce_pins", "get_planner", "planner_options", "settings_from",
            "last_forward_event", "manual_plan", "planner_entry", "pinned_sets", "planner_help", "planner_names",
            "recomputable_activations", "register", "saved_activations", "unregister"]

@@ -20,4 +20,4 @@ dqn() { "$PY" -m dqn_swap "$@"; }
 dqn record --model resnet50 --batch-size 64 --device meta --profile v100-pcie3 -o "$out/resnet50.trace" --force >/dev/null
 dqn inspect "$out/resnet50.trace" --plot "$out/resnet50-memory.png"
 dqn compare "$out/resnet50.trace" --memory-limits 90%,70%,50%,30% --planners all --agent checkpoints/grid/resnet50.pt \
-    --time-limit 10 --search-seconds 10 -o "$out/compare" --force
+    --time-limit 10 -o "$out/compare" --force

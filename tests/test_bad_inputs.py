@@ -195,7 +195,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     # an option no chosen planner reads is refused, not ignored
     (["compare", TRACE, "--planners", "lru,greedy", "--agent", AGENT, "-o", "cmp"],
      "--agent is read by auto, dqn, dqn-search, optimal only, and none of the planners chosen (lru, greedy) reads it"),
-    (["compare", TRACE, "--planners", "lru,dqn", "--time-limit", "5", "-o", "cmp"], "--time-limit is read by optimal"),
+    (["compare", TRACE, "--planners", "lru,dqn", "--time-limit", "5", "-o", "cmp"],
+     "--time-limit is read by auto, dqn-search, optimal only"),
     (["simulate", TRACE, "-m", "50%", "--planner", "greedy", "--agent", AGENT],
      "--agent is read by auto, dqn, dqn-search, optimal only, and --planner greedy does not read it"),
     (["simulate", TRACE, "-m", "50%", "--planner", "lru", "--members"], "--members is read by dqn only"),
@@ -203,7 +204,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["simulate", TRACE, "--plan", PLAN, "--agent", AGENT], "--agent does not go with --plan"),
     (["plan", TRACE, "-m", "50%", "--planner", "lru", "--decode", "cover", "-o", "q.json"], "--decode is read by dqn"),
     (["plan", TRACE, "-m", "50%", "--planner", "dqn", "--search-seconds", "5", "-o", "q.json"],
-     "--search-seconds is read by auto, dqn-search only"),
+     "--time-limit is read by auto, dqn-search, optimal only"),
     (["compare", TRACE, "--memory-limits", "50%,0.5", "-o", "cmp"], "ambiguous"),
     (["compare", TRACE, "-o", TRACE], "t.trace: is a file"),
     # train and finetune

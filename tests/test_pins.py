@@ -16,7 +16,7 @@ from dqn_swap.simulator import verify_plan
 
 from .runtime_support import assert_same_state, mlp_loop
 
-QUICK = {"auto": {"seconds": 1.0}, "dqn-search": {"time_budget": 1.0}, "optimal": {"time_limit": 1.0}}
+QUICK = {"auto": {"time_limit": 1.0}, "dqn-search": {"time_limit": 1.0}, "optimal": {"time_limit": 1.0}}
 
 
 def _pins(trace) -> tuple[Pins, set[int], set[int]]:  # noqa: ANN001

@@ -13,6 +13,8 @@ from torch import nn
 
 from dqn_swap.agents import get_planner, planner_names
 from dqn_swap.cli import main
+from dqn_swap.plan import Plan
+from dqn_swap.planner_options import PlannerOption
 from dqn_swap.planners import manual_plan, register, saved_activations, unregister
 from dqn_swap.recorder import record_trace
 from dqn_swap.integrations import autoplan
@@ -20,6 +22,7 @@ from dqn_swap.integrations import autoplan
 from .runtime_support import assert_same_state, mlp_loop
 
 PLANNER_SOURCE = '''
+from dqn_swap.planner_options import PlannerOption
 from dqn_swap.planners import manual_plan, saved_activations
 
 
@@ -31,6 +34,21 @@ class SwapAll:
     def plan(self, trace, memory_limit, profile=None):
         return manual_plan(trace, swap=saved_activations(trace), memory_limit=memory_limit, planner=self.name,
                            profile=profile)
+
+
+class SwapSome:
+    """Swap the largest saved activations (a user's planner with a flag of its own)."""
+
+    name = "swap-some"
+    options = (PlannerOption("largest", "how many of the largest saved activations to swap", parse=int,
+                             metavar="N"),)
+
+    def __init__(self, largest=1):
+        self.largest = largest
+
+    def plan(self, trace, memory_limit, profile=None):
+        chosen = sorted(saved_activations(trace), key=lambda t: -int(trace.tensor_nbytes[t]))[:self.largest]
+        return manual_plan(trace, swap=chosen, memory_limit=memory_limit, planner=self.name, profile=profile)
 '''
 
 
@@ -104,6 +122,56 @@ def test_the_command_line_takes_a_planner_of_the_current_folder(tmp_path: Path, 
         if spec in planner_names():
             unregister(spec)
         sys.modules.pop("my_planners", None)
+
+
+def test_a_planner_of_the_current_folder_declares_its_flags(tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """A user's planner class lists its options: the command line then takes them as flags, hands
+    them to the planner, and refuses them for a planner that does not read them."""
+    net = _net()
+    trace = record_trace(net, (torch.randn(64, 32),), lambda out: out.square().mean(), lambda p: torch.optim.Adam(p))
+    (tmp_path / "my_planners.py").write_text(PLANNER_SOURCE)
+    trace.save(tmp_path / "t.trace")
+    monkeypatch.chdir(tmp_path)
+    spec = "my_planners:SwapSome"
+    try:
+        for n in (1, 2):
+            assert main(["plan", "t.trace", "-m", "100%", "--planner", spec, "--largest", str(n), "-o", f"p{n}.json"]) == 0
+            assert Plan.load(tmp_path / f"p{n}.json").n_swap == n
+        assert main(["plan", "t.trace", "-m", "100%", "--planner", "greedy", "--largest", "2", "-o", "g.json"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].endswith(f"--largest is read by {spec} only, and --planner greedy does not read it "
+                                f"(name one that does: --planner {spec})"), err
+        assert not (tmp_path / "g.json").exists()
+    finally:
+        if spec in planner_names():
+            unregister(spec)
+        sys.modules.pop("my_planners", None)
+
+
+def test_a_flag_means_one_thing() -> None:
+    """Planners that read a flag share its one option; another planner declaring the same flag with
+    another meaning, or a flag of the command line's own, is refused at registration."""
+    from dqn_swap.agents import TIME_LIMIT, planner_options
+
+    assert planner_options()["--time-limit"] == (TIME_LIMIT, ("auto", "dqn-search", "optimal"))
+    assert {o.setting for o, _ in planner_options().values()} >= {"time_limit", "decode", "members", "polish_simulations"}
+    with pytest.raises(ValueError, match="--time-limit is taken by planner 'auto' with another meaning"):
+        register("slow", SwapAll, options=(PlannerOption("time_limit", "minutes", parse=float),))
+    with pytest.raises(ValueError, match="--agent is taken by the command line"):
+        register("agent-reader", SwapAll, options=(PlannerOption("agent", "a file"),))
+    register("patient", SwapAll, options=(TIME_LIMIT,))  # the same option: the same flag, read by one more
+    try:
+        assert planner_options()["--time-limit"][1][-1] == "patient"
+    finally:
+        unregister("patient")
+    assert "slow" not in planner_names() and "agent-reader" not in planner_names()
+
+
+def test_renamed_settings_still_work_and_say_their_new_name() -> None:
+    with pytest.warns(DeprecationWarning, match="'time_budget' is now called 'time_limit'"):
+        assert get_planner("dqn-search", time_budget=3.0).time_limit == 3.0
+    with pytest.warns(DeprecationWarning, match="'seconds' is now called 'time_limit'"):
+        assert get_planner("auto", seconds=2.0).time_limit == 2.0
 
 
 def test_what_is_not_a_planner_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001

@@ -55,6 +55,7 @@ from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Plan
+from dqn_swap.planner_options import renamed_setting
 from dqn_swap.planners import plan_cost
 from dqn_swap.progress import Progress, progress
 from dqn_swap.trace import Trace
@@ -481,7 +482,7 @@ class DQNPlanner:
 
 
 #: ``dqn-search``'s default time budget (wall-clock seconds for one plan; :class:`DQNSearchPlanner`).
-DEFAULT_TIME_BUDGET = 30.0
+DEFAULT_TIME_LIMIT = 30.0
 
 
 class DQNSearchPlanner(DQNPlanner):
@@ -494,7 +495,8 @@ class DQNSearchPlanner(DQNPlanner):
     action at a time costs ``k + 1`` simulations of the whole trace per action (minutes on
     ResNet-1001).
 
-    ``time_budget``: wall-clock seconds for the whole plan (None: no limit).  The budget of
+    ``time_limit``: wall-clock seconds for the whole plan (None: no limit; ``time_budget``, its
+    former name, is still taken, with a ``DeprecationWarning``).  The budget of
     simulations stays the search's own stop, so a plan that is made within the time is the same
     on every machine; where the time runs out, the lookahead finishes its episode by ``cover``
     decoding, the first polish gets half of the time left and the second the rest, and the best
@@ -510,18 +512,21 @@ class DQNSearchPlanner(DQNPlanner):
                  k: int = 4,
                  threads: int | None = None, recompute_chains: bool | None = None, polish: bool | None = None,
                  polish_simulations: int | None = None, polish_seconds: float | None = None,
-                 decode: str = "auto", time_budget: float | None = DEFAULT_TIME_BUDGET) -> None:
+                 decode: str = "auto", time_limit: float | None = DEFAULT_TIME_LIMIT,
+                 time_budget: float | None = None) -> None:
         super().__init__(agent_path, threads=threads, recompute_chains=recompute_chains, polish=polish,
                          polish_simulations=polish_simulations, polish_seconds=polish_seconds, decode=decode)
         self.k = int(k)
-        if time_budget is not None and not (float(time_budget) > 0 and np.isfinite(float(time_budget))):
-            raise ValueError(f"time_budget must be a positive number of seconds or None, not {time_budget!r}")
-        self.time_budget = None if time_budget is None else float(time_budget)
+        if time_budget is not None:
+            time_limit = renamed_setting("time_budget", "time_limit", time_budget)
+        if time_limit is not None and not (float(time_limit) > 0 and np.isfinite(float(time_limit))):
+            raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
+        self.time_limit = None if time_limit is None else float(time_limit)
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
         memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")
         t0 = time.perf_counter()
-        end = t0 + self.time_budget if self.time_budget is not None else np.inf
+        end = t0 + self.time_limit if self.time_limit is not None else np.inf
         cut: list[str] = []  # the stages the time budget cut short
 
         def late() -> bool:
@@ -560,7 +565,7 @@ class DQNSearchPlanner(DQNPlanner):
             plan = min(candidates, key=plan_cost)
             show.close(lambda: f"done, overhead {plan.figures.get('overhead', np.nan):.4f}")
         cut += [p.settings["decoded"] for p in candidates if p.settings.get("polish", {}).get("stopped") == "time"]
-        plan.settings.update(plan_seconds=round(time.perf_counter() - t0, 3), time_budget=self.time_budget,
+        plan.settings.update(plan_seconds=round(time.perf_counter() - t0, 3), time_limit=self.time_limit,
                              cut_by_time=cut)
         return plan
 

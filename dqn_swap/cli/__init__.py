@@ -71,6 +71,9 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
+    from .common import register_named_planners
+
+    register_named_planners(argv)  # a user's planner named by --planner: its options become flags
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error already printed on one line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -27,8 +28,6 @@ def _json_default(o: Any) -> Any:
 
 def batch_size(text: str) -> int:
     """argparse type of ``--batch-size``: a whole number in range, said in one line otherwise."""
-    import argparse
-
     from ..models.names import check_batch_size
 
     try:
@@ -40,8 +39,6 @@ def batch_size(text: str) -> int:
 def whole(low: int, high: int, what: str):
     """An argparse type: a whole number of ``what`` from ``low`` to ``high``, said in one line otherwise
     (the bounds of the command line and of the Python API are the same numbers)."""
-    import argparse
-
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -61,53 +58,11 @@ MAX_SEED = 2**63 - 1
 MAX_THREADS = 4096
 
 
-def simulations(text: str) -> int:
-    """argparse type of ``--search-simulations``: a whole number, 0 or more, said in one line otherwise."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number of simulations, 0 or more, not {text!r}")
-    return value
-
-
 #: ``--search-simulations``'s help, shared by simulate, plan and compare.
-SEARCH_SIMULATIONS_HELP = (
-    "--planner dqn-search: how many simulations its local search may run on each of its two decoded plans "
-    "(it drops, flips, shifts or replaces actions while the simulated iteration gets faster, and stops "
-    "earlier when nothing helps; default: 250 million simulated events' worth, 57,803 on ResNet-50 b64; "
-    "0: no local search)")
-
-
 #: What --agent (and finetune's --from) accepts: shared by every command that reads an agent.
 AGENT_HELP = ("agent file, or a shipped agent by name from any folder: default, ensemble (ten agents, "
               "by the mean of their Q-values), ensemble_groups, grid/... (checkpoints/README.md says what "
               "each is; default: default)")
-
-#: ``--search-seconds``'s help, shared by simulate, plan and compare.
-SEARCH_SECONDS_HELP = (
-    "--planner auto (the default) and dqn-search: wall-clock seconds they may take for one plan (auto's "
-    "default grows with the trace, 4 s on ResNet-50 b64 to at most 25; dqn-search's is 30); when they run out "
-    "the best plan found so far is returned (the budgets of simulations stop the searches first where they can, "
-    "and then the plan is the same on every machine)")
-
-
-def seconds(text: str) -> float:
-    """argparse type of ``--time-limit``: a positive number of seconds, said in one line otherwise."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
-
 
 def available_host_bytes() -> int | None:
     """Bytes this process may still allocate on the host: the kernel's ``MemAvailable``, lowered by an
@@ -206,3 +161,72 @@ def plot_path(args, default) -> Any:  # noqa: ANN001
     if args.no_plot:
         return None
     return check_output(args.plot if args.plot is not None else default, args.force, png=True)
+
+
+# ------------------------------------------------------------------------------------------ planner options
+def add_planner_options(p: argparse.ArgumentParser) -> None:
+    """A flag for every option the registered planners read (their registry entries declare them,
+    :mod:`dqn_swap.planner_options`), each saying which planners read it; not given: ``None``."""
+    from dqn_swap.agents import planner_options  # importing the agents registers their planners
+
+    from ..planner_options import readers_text
+
+    for _, (o, who) in planner_options().items():
+        kwargs: dict = {"default": None, "dest": o.dest, "help": f"{readers_text(who)}: {o.help}"}
+        if o.parse is not None:
+            kwargs["type"] = _argparse_type(o.parse)
+        for key in ("metavar", "choices", "nargs"):
+            if getattr(o, key) is not None:
+                kwargs[key] = getattr(o, key)
+        p.add_argument(*o.names, **kwargs)
+
+
+def _argparse_type(parse):  # noqa: ANN001, ANN202
+    """``parse`` as an argparse type: its ``ValueError`` becomes the one line argparse prints."""
+    def typed(text: str):  # noqa: ANN202
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    typed.__name__ = getattr(parse, "__name__", "value")
+    return typed
+
+
+def planner_values(args: argparse.Namespace) -> dict:
+    """The planner options given on the command line: flag's ``dest`` -> value (those not given left out)."""
+    from dqn_swap.agents import planner_options
+
+    return {o.dest: getattr(args, o.dest) for o, _ in planner_options().values()
+            if getattr(args, o.dest, None) is not None}
+
+
+def given_flags(args: argparse.Namespace) -> list[str]:
+    """The planner options given on the command line, as their flags (``--time-limit``)."""
+    from dqn_swap.agents import planner_options
+
+    return [flag for flag, (o, _) in planner_options().items() if getattr(args, o.dest, None) is not None]
+
+
+def register_named_planners(argv: list[str]) -> None:
+    """Register the users' planners that ``--planner`` / ``--planners`` name as ``package.module:name``
+    before the parser is made, so that the options they declare are flags too.  A name that does not
+    load is left for the command to refuse, in its one line."""
+    names = []
+    for i, tok in enumerate(argv):
+        for flag in ("--planner", "--planners"):
+            if tok == flag and i + 1 < len(argv):
+                names += argv[i + 1].split(",")
+            elif tok.startswith(flag + "="):
+                names += tok.partition("=")[2].split(",")
+    names = [n.strip() for n in names if ":" in n and n.partition(":")[0] not in ("hf", "gen")]
+    if not names:
+        return
+    from dqn_swap.agents import check_planner_name
+
+    for name in names:
+        try:
+            check_planner_name(name)
+        except Exception:  # noqa: BLE001 -- the command itself says, in its one line, why the name does not load
+            pass
+

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import link_new, write_text
-from .common import AGENT_HELP, SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, load_trace, print_json, seconds, simulations
+from .common import AGENT_HELP, add_planner_options, given_flags, load_trace, planner_values, print_json
 from .simulate_cmd import LIMIT_HELP
 
 COLUMNS = ["trace", "model", "limit", "limit_bytes", "planner", "feasible", "overhead", "makespan_s",
@@ -43,12 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--agent", nargs="+", metavar="AGENT",
                    help=f"for auto and the dqn planners: {AGENT_HELP}. Several compare those planners once per "
                         "agent, as PLANNER@AGENT_NAME columns")
-    p.add_argument("--time-limit", type=seconds, default=None, metavar="SECONDS",
-                   help="seconds the exact planner 'optimal' may solve each cell (default 600); "
-                        "cut short, it reports its certified gap")
-    p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
-                   help=SEARCH_SIMULATIONS_HELP)
-    p.add_argument("--search-seconds", type=seconds, default=None, metavar="SECONDS", help=SEARCH_SECONDS_HELP)
+    add_planner_options(p)
     p.add_argument("-o", "--output", default="comparison",
                    help="folder for compare.md, compare.csv and the PNG plots (default ./comparison)")
     p.add_argument("--force", action="store_true", help="replace existing result files")
@@ -68,10 +63,12 @@ def planner_names(spec: str) -> list[str]:
 
 
 def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
-                 agent: str | list[str] | None = None, progress: bool = False, time_limit: float | None = None,
-                 search_simulations: int | None = None, search_seconds: float | None = None) -> list[dict[str, Any]]:
+                 agent: str | list[str] | None = None, progress: bool = False,
+                 options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Plan and simulate every (trace, limit, planner) cell; one row per cell, with the cell's ceiling.
 
+    ``options``: the planner options given (flag's ``dest`` -> value, :func:`.common.planner_values`);
+    each planner takes those it reads.
     ``agent``: one agent file for the planners that read one, or several: each such planner is
     then compared once per agent, as ``PLANNER@NAME`` (the file's name without its suffix).
     ``progress``: report on standard error (:mod:`dqn_swap.progress`): the cell being planned, and
@@ -80,14 +77,12 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
 
     from dqn_swap.agents import get_planner
 
-    from .simulate_cmd import planner_settings
-
     from ..cost import profile_of
     from ..progress import progress as progress_line
     from ..progress import showing
     from ..trace import resolve_memory_limit
 
-    from ..planners import planner_entry
+    from ..planners import planner_entry, settings_from
 
     agents = [agent] if isinstance(agent, str) or agent is None else list(agent)
     labels: dict[str, tuple[str, str | None]] = {}  # column -> (planner, agent)
@@ -98,9 +93,7 @@ def compare_grid(traces: dict[str, Any], limits: list[str], planners: list[str],
         else:
             labels[pl] = (pl, agents[0] if agents else None)
     cells = [(name, lim, label) for name in traces for lim in limits for label in labels]
-    planner_objs = {label: get_planner(pl, agent=a, **planner_settings(pl, time_limit=time_limit,
-                                                                       search_simulations=search_simulations,
-                                                                       search_seconds=search_seconds))
+    planner_objs = {label: get_planner(pl, agent=a, **settings_from(pl, options or {}))
                     for label, (pl, a) in labels.items()}
     rows = []
     with (showing() if progress else nullcontext()), progress_line("compare") as line:
@@ -431,12 +424,11 @@ def run(args: argparse.Namespace) -> int:
     planners = planner_names(args.planners)
     if not planners:
         raise ValueError("--planners is empty; name some (for example greedy,lru,dqn) or all")
-    from .simulate_cmd import check_settings_apply
+    from ..planners import check_options_apply
 
     if args.agent is not None and len(set(args.agent)) != len(args.agent):
         raise ValueError("--agent names the same agent twice")
-    check_settings_apply(planners, agent=args.agent, time_limit=args.time_limit,
-                         search_simulations=args.search_simulations, search_seconds=args.search_seconds)
+    check_options_apply(planners, given_flags(args) + (["--agent"] if args.agent is not None else []))
     limits = [s.strip() for s in args.memory_limits.split(",") if s.strip()]
     if not limits:
         raise ValueError("--memory-limits is empty (for example 90%,70%,50%,30%)")
@@ -461,8 +453,7 @@ def run(args: argparse.Namespace) -> int:
         csv_path = check_output(folder / "compare.csv", args.force)
     if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
-    rows = compare_grid(traces, limits, planners, args.agent, progress=True, time_limit=args.time_limit,
-                        search_simulations=args.search_simulations, search_seconds=args.search_seconds)
+    rows = compare_grid(traces, limits, planners, args.agent, progress=True, options=planner_values(args))
     made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
     md_path = check_output(folder / "compare.md", args.force)

@@ -7,10 +7,10 @@ import argparse
 import sys
 
 from ..cost import DEFAULT_PROFILE, PROFILES
-from .common import (MAX_SEED, SEARCH_SECONDS_HELP, add_plot_options, batch_size, human, plot_path, print_json,
-                     print_table, seconds, showing_progress, whole)
+from .common import (MAX_SEED, add_planner_options, add_plot_options, batch_size, given_flags, human, planner_values,
+                     plot_path, print_json, print_table, showing_progress, whole)
 
-#: The planner's time budget per size unless --search-seconds says otherwise: a few sizes are
+#: The planner's time budget per size unless --time-limit says otherwise: a few sizes are
 #: planned, and the question is asked in seconds.
 SECONDS_PER_SIZE = 2.0
 
@@ -40,8 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES),
                    help=f"device profile for op and copy times (default {DEFAULT_PROFILE})")
     p.add_argument("--planner", default=DEFAULT_PLANNER, help=f"who plans the sizes in between (default {DEFAULT_PLANNER})")
-    p.add_argument("--search-seconds", type=seconds, default=None, metavar="SECONDS",
-                   help=f"auto / dqn-search: planning time per size (default {SECONDS_PER_SIZE:g}). " + SEARCH_SECONDS_HELP)
+    add_planner_options(p)  # --time-limit: here the default is SECONDS_PER_SIZE per size
     p.add_argument("--points", type=whole(2, 12, "points"), default=4,
                    help="sizes planned from the largest unplanned to the largest any plan allows (default 4)")
     p.add_argument("--cap", type=whole(1, 1 << 20, "cap"), default=1 << 16,
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ..plots import capacity_plot
     from ..recorder import record_trace
     from ..user_code import load_workload
-    from .simulate_cmd import check_settings_apply, planner_settings
+    from ..planners import check_options_apply, settings_from
 
     limit = MemoryLimit.parse(args.memory)
     if limit.kind != "bytes":
@@ -69,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     memory = int(limit.value)
     if args.batch_size != 1 and not args.seq_len:
         raise ValueError("--batch-size goes with --seq-len (without it the batch size is what is searched)")
-    check_settings_apply([args.planner], search_seconds=args.search_seconds)
+    check_options_apply([args.planner], given_flags(args))
     plot = plot_path(args, f"{args.model.replace(':', '_').replace('/', '_')}-max-batch.png")
     profile = get_profile(args.profile)
     cap = args.cap
@@ -86,9 +85,8 @@ def run(args: argparse.Namespace) -> int:
                             meta={"model": args.model, "batch_size": batch, "seq_len": seq})
 
     found = largest_sizes(record, memory, cap=cap, say=say)
-    settings = planner_settings(args.planner, search_seconds=args.search_seconds if args.search_seconds is not None
-                                else SECONDS_PER_SIZE)
-    planner = get_planner(args.planner, **settings)
+    planner = get_planner(args.planner, **settings_from(args.planner,
+                                                       {"time_limit": SECONDS_PER_SIZE} | planner_values(args)))
     sizes = sizes_between(found["unplanned"], found["any_plan"], args.points)
     with showing_progress():
         rows = planned_speeds(record, sizes, memory, lambda trace, lim: planner.plan(trace, lim, profile),

@@ -166,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         from dqn_swap.agents import get_planner
 
         get_planner(args.planner, agent=args.agent)  # unknown names and unreadable agent files fail now
-        from .simulate_cmd import check_settings_apply
+        from ..planners import check_options_apply
 
-        check_settings_apply([args.planner], agent=args.agent)
+        check_options_apply([args.planner], ["--agent"] if args.agent is not None else [])
 
     def say(message: str) -> None:
         if not args.quiet:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 
 from ..cost import PROFILES
-from .common import (AGENT_HELP, SEARCH_SECONDS_HELP, SEARCH_SIMULATIONS_HELP, human, load_trace, print_json, print_table,
-                     seconds, showing_progress, simulations)
+from .common import (AGENT_HELP, add_planner_options, given_flags, human, load_trace, planner_values, print_json,
+                     print_table, showing_progress)
 
 LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any plan needs (what stays at "
               "the busiest op with every saved activation, and the input batch where autograd saves it, away "
@@ -19,7 +18,7 @@ LIMIT_HELP = ("GPU memory limit: a percentage, where 0%% is the least memory any
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS, planner_help
+    from dqn_swap.agents import planner_help
 
     p.add_argument("trace", help="trace file written by 'dqn-swap record'")
     p.add_argument("--memory-limit", "-m", required=False, help=LIMIT_HELP)
@@ -27,24 +26,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help=f"who plans (default auto: the best plan in a few seconds): {planner_help()}; or your own, "
                         "package.module:name (a planner class or factory of the current folder's code)")
     p.add_argument("--agent", help=f"for --planner auto / dqn / dqn-search: {AGENT_HELP}")
-    p.add_argument("--decode", choices=DQN_DECODINGS, default="auto",
-                   help="how --planner dqn reads its Q-values: greedy (one action, then look again), "
-                        "cover (the best actions until the bytes missing are covered, then look again; "
-                        f"several times faster on large graphs) or auto (cover from {AUTO_COVER_NODES} "
-                        "action nodes up, else greedy; the default)")
-    p.add_argument("--members", nargs="*", metavar="AGENT_FILE",
-                   help="--planner dqn with an ensemble (--agent ensemble): also plan with "
-                        "each of its agents alone, and with these agent or ensemble files in their own "
-                        "environments (ensemble_groups, shipped), and keep the plan the simulator "
-                        "finds fastest (one greedy pass per agent, no search)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help="device profile for transfer times (default: the one the trace was recorded with)")
-    p.add_argument("--time-limit", type=seconds, default=None, metavar="SECONDS",
-                   help="--planner optimal: stop the solver after this many seconds and report the plan "
-                        "found and its certified gap (default 600)")
-    p.add_argument("--search-simulations", type=simulations, default=None, metavar="N",
-                   help=SEARCH_SIMULATIONS_HELP)
-    p.add_argument("--search-seconds", type=seconds, default=None, metavar="SECONDS", help=SEARCH_SECONDS_HELP)
+    add_planner_options(p)
     p.add_argument("--keep", action="append", default=[], metavar="PIN",
                    help="a saved activation every plan must keep on the device (never swapped nor recomputed): "
                         "a tensor id, or a pattern matched against the name of the module whose op made it "
@@ -88,55 +72,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
 
 
-def planner_settings(planner_name: str, decode: str = "auto", time_limit: float | None = None,
-                     search_simulations: int | None = None, search_seconds: float | None = None,
-                     members: list[str] | None = None) -> dict:
-    """The command line's settings for ``planner_name``: decoding, and decoding by members
-    (``members``: None, or the more agent files to decode) for dqn; the local search's budget in
-    simulations (None: the planner's default, 0: none) and the time budget (None: the planner's
-    default) for dqn-search; the time budget for auto; the time limit for optimal.  Progress is not a setting: the commands
-    switch it on for every planner (:func:`.common.showing_progress`)."""
-    if planner_name == "dqn":
-        return {"decode": decode} | ({"members": True, "more_agents": members} if members is not None else {})
-    if planner_name == "dqn-search":
-        return ({} if search_simulations is None else {"polish": search_simulations > 0,
-                                                       "polish_simulations": search_simulations}) | (
-            {} if search_seconds is None else {"time_budget": search_seconds})
-    if planner_name == "optimal":
-        return {"time_limit": time_limit} if time_limit is not None else {}
-    if planner_name == "auto":
-        return {} if search_seconds is None else {"seconds": search_seconds}
-    return {}
-
-
-def settings_given(*, agent: str | None = None, members: list[str] | None = None, decode: str = "auto",
-                   time_limit: float | None = None, search_simulations: int | None = None,
-                   search_seconds: float | None = None) -> dict[str, bool]:
-    """Which planner options the user gave (their defaults mean "not given")."""
-    return {"--agent": agent is not None, "--members": members is not None, "--decode": decode != "auto",
-            "--time-limit": time_limit is not None, "--search-simulations": search_simulations is not None,
-            "--search-seconds": search_seconds is not None}
-
-
-def check_settings_apply(planners: Sequence[str], *, agent: str | None = None, members: list[str] | None = None,
-                         decode: str = "auto", time_limit: float | None = None,
-                         search_simulations: int | None = None, search_seconds: float | None = None) -> None:
-    """Refuse, in one line, an option none of ``planners`` reads (``--agent`` with ``--planner greedy``
-    would otherwise be ignored, and the user left believing the agent planned)."""
-    from ..planners import planner_entry, planner_names
-
-    readers = {"--agent": [n for n in planner_names() if planner_entry(n).takes_agent], "--members": ["dqn"],
-               "--decode": ["dqn"], "--time-limit": ["optimal"], "--search-simulations": ["dqn-search"],
-               "--search-seconds": ["auto", "dqn-search"]}
-    given = settings_given(agent=agent, members=members, decode=decode, time_limit=time_limit,
-                           search_simulations=search_simulations, search_seconds=search_seconds)
-    for option, who in readers.items():
-        if given[option] and not set(who) & set(planners):
-            chosen = (f"--planner {planners[0]} does not read it (name one that does: --planner {who[0]})"
-                      if len(planners) == 1 else f"none of the planners chosen ({', '.join(planners)}) reads it")
-            raise ValueError(f"{option} is read by {', '.join(who)} only, and {chosen}")
-
-
 def made_by(plan) -> dict:  # noqa: ANN001
     """Which of the default planner's candidates made the plan (empty for other planners)."""
     chosen = plan.settings.get("chosen") if plan.planner == "auto" else None
@@ -153,26 +88,25 @@ def certified(plan) -> dict:  # noqa: ANN001
 
 
 def make_plan(trace, limit_text: str, planner_name: str, agent: str | None, profile_name: str | None,
-              decode: str = "auto", time_limit: float | None = None, search_simulations: int | None = None,
-              search_seconds: float | None = None, members: list[str] | None = None, pins=None):  # noqa: ANN001
-    """Resolve the limit, run the planner, return (plan, planning seconds, profile)."""
+              options: dict | None = None, pins=None):  # noqa: ANN001
+    """Resolve the limit, run the planner, return (plan, planning seconds, profile).  ``options``: the
+    planner options given (:func:`.common.planner_values`); one the planner does not read is refused."""
     from dqn_swap.agents import get_planner
 
     from ..cost import profile_of
-    from ..planners import DEFAULT_PLANNER
+    from ..planners import DEFAULT_PLANNER, check_options_apply, planner_options, settings_from
     from ..trace import resolve_memory_limit
 
     if limit_text is None:
         raise ValueError("--memory-limit is required (for example 60% or 8GiB)")
     planner_name = planner_name or DEFAULT_PLANNER
-    check_settings_apply([planner_name], agent=agent, members=members, decode=decode, time_limit=time_limit,
-                         search_simulations=search_simulations, search_seconds=search_seconds)
+    options = options or {}
+    check_options_apply([planner_name], [flag for flag, (o, _) in planner_options().items() if o.dest in options]
+                        + (["--agent"] if agent is not None else []))
     limit = resolve_memory_limit(trace, limit_text)
     say_outside(trace, limit_text, limit)
     profile = profile_of(trace, profile_name)
-    planner = get_planner(planner_name, agent=agent, pins=pins,
-                          **planner_settings(planner_name, decode, time_limit, search_simulations=search_simulations,
-                                             search_seconds=search_seconds, members=members))
+    planner = get_planner(planner_name, agent=agent, pins=pins, **settings_from(planner_name, options))
     t0 = time.perf_counter()
     with showing_progress():
         plan = planner.plan(trace, limit, profile)
@@ -205,10 +139,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     trace = load_trace(args.trace)
     if args.plan:
-        given = {"--planner": args.planner is not None, "--keep": bool(args.keep),
-                 "--recompute": bool(args.recompute)} | settings_given(
-            agent=args.agent, members=args.members, decode=args.decode, time_limit=args.time_limit,
-            search_simulations=args.search_simulations, search_seconds=args.search_seconds)
+        given = {"--planner": args.planner is not None, "--keep": bool(args.keep), "--recompute": bool(args.recompute),
+                 "--agent": args.agent is not None} | {flag: True for flag in given_flags(args)}
         for option, yes in given.items():
             if yes:
                 raise ValueError(f"{option} does not go with --plan: the plan is made already, and its actions "
@@ -221,8 +153,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         planning_s = None
     else:
         plan, planning_s, profile = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
-                                              args.decode, args.time_limit, args.search_simulations,
-                                              args.search_seconds, args.members, pins_of(args))
+                                              planner_values(args), pins_of(args))
         limit = plan.memory_limit
     result = simulate(trace, plan.actions, limit, profile)
     figures = {"planner": plan.planner, **made_by(plan), "n_swap": plan.n_swap, "n_recompute": plan.n_recompute,
@@ -251,9 +182,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     out = check_output(args.output, args.force)
     trace = load_trace(args.trace)
-    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile, args.decode,
-                                    args.time_limit, args.search_simulations, args.search_seconds, args.members,
-                                    pins_of(args))
+    plan, planning_s, _ = make_plan(trace, args.memory_limit, args.planner, args.agent, args.profile,
+                                    planner_values(args), pins_of(args))
     plan.save(out, overwrite=args.force)
     report({"plan": str(out), "planner": plan.planner, **made_by(plan), "n_swap": plan.n_swap,
             "n_recompute": plan.n_recompute, **plan.figures, **certified(plan), "planning_s": planning_s}, args.json)

@@ -43,8 +43,8 @@ def test_the_budget_grows_gently_with_the_trace() -> None:
     assert default_seconds(10**7) == MAX_SECONDS
     assert "dynprog" not in QUICK_BASELINES and "tflms" not in QUICK_BASELINES
     assert quick_baselines(TFLMS_EVENTS)[-1] == "tflms" and "tflms" not in quick_baselines(TFLMS_EVENTS + 1)
-    with pytest.raises(ValueError, match="seconds must be a positive number"):
-        get_planner("auto", seconds=0)
+    with pytest.raises(ValueError, match="time_limit must be a positive number"):
+        get_planner("auto", time_limit=0)
 
 
 @pytest.mark.parametrize("fraction", [0.5, 0.3])
@@ -65,7 +65,7 @@ def test_auto_is_the_fastest_of_its_candidates_and_says_which(auto, tiny_resnet_
     if not s["cut_by_time"]:  # dqn-search ran to its own budget of simulations: auto is no slower
         search = get_planner("dqn-search", threads=1).plan(trace, limit)
         assert plan.figures["makespan"] <= search.figures["makespan"] * (1 + 1e-12)
-    assert s["seconds"] == default_seconds(trace.n_events) and s["plan_seconds"] <= s["seconds"] + 2.0
+    assert s["time_limit"] == default_seconds(trace.n_events) and s["plan_seconds"] <= s["time_limit"] + 2.0
     if s["chosen"] != "dqn-search":
         assert s["from_planner"] in quick_baselines(trace.n_events)
 
@@ -80,9 +80,9 @@ def test_a_plan_at_the_lower_bound_ends_the_search(auto, tiny_resnet_trace) -> N
 def test_a_tiny_budget_still_gives_the_best_baseline_and_names_what_was_cut(tiny_resnet_trace) -> None:
     trace = tiny_resnet_trace
     limit = resolve_memory_limit(trace, "30%")
-    plan = get_planner("auto", seconds=1e-4, threads=1).plan(trace, limit)
+    plan = get_planner("auto", time_limit=1e-4, threads=1).plan(trace, limit)
     s = plan.settings
-    assert s["seconds"] == 1e-4 and plan.figures["feasible"]
+    assert s["time_limit"] == 1e-4 and plan.figures["feasible"]
     assert any(c.startswith("dqn-search") for c in s["cut_by_time"]) or "dqn-search" not in s["candidates"]
     best_baseline = min((o for n, o in s["candidates"].items() if n in QUICK_BASELINES and o is not None))
     assert plan.figures["overhead"] <= best_baseline + 1e-9

@@ -9,7 +9,7 @@ import torch
 
 from dqn_swap.agents import get_planner
 from dqn_swap.agents.dqn import DQNConfig, load_agent, train
-from dqn_swap.agents.dqn.algorithm import imitation_loss, margin_loss
+from dqn_swap.agents.dqn.fitting import imitation_loss, margin_loss
 from dqn_swap.agents.dqn.demonstrations import action_nodes, best_demonstration, demonstration_episode
 from dqn_swap.agents.dqn.planner import make_env
 from dqn_swap.simulator import simulate

@@ -1,4 +1,4 @@
-"""The TD step of the DQN (dqn_swap.agents.dqn.algorithm.td_update) against hand-computed targets.
+"""The TD step of the DQN (dqn_swap.agents.dqn.fitting.td_update) against hand-computed targets.
 
 Two toy graphs and a Q-function linear in one-hot node features, ``Q(node) = w[feature]``, so
 every target and gradient is a sum of a few numbers:
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from dqn_swap.agents.dqn.algorithm import td_update
+from dqn_swap.agents.dqn.fitting import td_update
 from dqn_swap.agents.dqn.buffer import ReplayBuffer, Transition
 from dqn_swap.agents.dqn.config import DQNConfig
 from dqn_swap.env.swap_recompute import DynamicState

@@ -247,3 +247,22 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tiny_re
     holder.wait()
     train(tiny_resnet_trace, LIMIT, out, cfg, log_dir=None, progress=False)
     assert out.exists() and not (tmp_path / ".a.pt.lock").exists()
+
+
+def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_trace, tmp_path) -> None:
+    """The reference loop (Algorithm 1 on one page, CleanRL's way) and the run's phases take the same
+    steps: their networks are equal bit for bit at the end, the run's evaluations and resume files
+    in between changing nothing."""
+    from dqn_swap.agents.dqn.reference_loop import train_reference
+    from dqn_swap.agents.dqn.training import Training
+
+    config = TINY.replace(total_timesteps=300, eval_every=100, seed=7)
+    run = Training(tiny_resnet_trace, [LIMIT, "60%"], tmp_path / "a.pt", config, profile=None, init_from=None,
+                   reference=None, command=None)
+    run.setup()
+    run.learn()
+    reference = train_reference(tiny_resnet_trace, [LIMIT, "60%"], config)
+    full, one_page = run.q_net.state_dict(), reference.state_dict()
+    assert list(full) == list(one_page)
+    assert all(torch.equal(full[k], one_page[k]) for k in full)
+    assert [e["step"] for e in run.evaluations] == [100, 200, 300]

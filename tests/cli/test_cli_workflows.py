@@ -163,7 +163,7 @@ def test_the_default_planner_says_which_candidate_made_the_plan(mlp, folder, cap
                           "--force"], capsys)
     assert code == 0, err
     plan = json.loads((folder / "auto.json").read_text())
-    assert plan["planner"] == "auto" and plan["settings"]["seconds"] == 0.5
+    assert plan["planner"] == "auto" and plan["settings"]["time_limit"] == 0.5  # --search-seconds: --time-limit
     assert "chosen" in out and plan["settings"]["chosen"] in out
 
 

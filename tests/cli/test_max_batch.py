@@ -93,7 +93,7 @@ def test_max_batch_of_a_users_own_module(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--memory", "50%"], "size with a unit"),
     (["--memory", "8GiB", "--batch-size", "4"], "--batch-size goes with --seq-len"),
-    (["--memory", "8GiB", "--planner", "lru", "--search-seconds", "2"], "--search-seconds is read by"),
+    (["--memory", "8GiB", "--planner", "lru", "--search-seconds", "2"], "--time-limit is read by"),
 ])
 def test_max_batch_refuses_in_one_line(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
