@@ -30,6 +30,10 @@ from typing import Any
 import torch
 
 
+#: The wrappers whose ``forward`` only calls the wrapped module's: their calls are not the model's.
+DATA_PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
 def _fsdp2_module_class() -> Any:
     try:
         from torch.distributed.fsdp import FSDPModule

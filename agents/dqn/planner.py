@@ -8,13 +8,10 @@
   cover the memory missing there and over the next ``COVER_AHEAD_OPS`` ops
   (:func:`cover_episode`);
   ``"auto"`` (the default) uses it on graphs of at least
-  ``AUTO_COVER_NODES`` action nodes.  Measured on the 2-core machine
-  (``benchmarks/bench_dqn.py plan-time``), shipped agent, ResNet-1001 b64 at
-  90/70/50/30 %: cover 0.25 / 0.76 / 1.1 / 0.81 s, greedy 2.3 / 6.4 / 13 / 14 s,
-  overheads within 1 % of greedy's (ahead of it at 50 % and 30 %).  On the
-  20-cell comparison grid, with its cell agents, cover wins 14 cells against
-  auto's 16 (``bench_dqn.py grid --decode cover``), so ``auto`` keeps greedy
-  decoding, the agent's own plan, on small graphs.
+  ``AUTO_COVER_NODES`` action nodes: on large graphs it plans several times faster than
+  greedy decoding at about its overhead, while on small graphs greedy decoding, the agent's
+  own plan, wins more cells (``benchmarks/bench_dqn.py plan-time`` and ``grid --decode cover``;
+  docs/results.md, "Planning time on a large graph").
 * ``dqn-search`` (:class:`DQNSearchPlanner`): a separate planner that puts a
   small search on top: at every decision point it tries the ``k`` actions of
   highest Q in the simulator and keeps the one with the best one-step
@@ -24,11 +21,10 @@
   :mod:`dqn_swap.agents.local_search`; a budget of simulations,
   ``polish_simulations``, by default scaled to the trace, so that a plan is the
   same on any machine; ``polish=False`` turns it off, and ``dqn`` takes
-  ``polish=True``) and returns the faster.  Polishing is ours, not the paper's:
-  on the held-out test families it takes ``dqn-search`` from 16 to 20 of 20
-  cells at or below the best baseline; the best baseline's plan polished the
-  same way is at or above ``dqn-search``'s in 18 of those 20 cells (README,
-  "Learning plans").  The same lookahead
+  ``polish=True``) and returns the faster.  Polishing is ours, not the paper's: on the
+  held-out test families it brings ``dqn-search`` to or below the best baseline in more
+  cells, and the best baseline's plan polished the same way seldom beats it (docs/results.md,
+  "Networks never seen: the test families").  The same lookahead
   (:func:`search_episode`) improves the demonstrations during training
   (``DQNConfig.demo_improve="search"``), as search improves the policy in
   expert iteration: the greedy agent learns what search with its own Q finds.

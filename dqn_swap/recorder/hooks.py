@@ -106,4 +106,3 @@ class _DeviceGuard(TorchDispatchMode):
 
 
 # Data-parallel wrappers: their forward only hands over to the wrapped module, whose calls count.
-_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)

@@ -15,10 +15,10 @@ from ..cost import DEFAULT_PROFILE, DeviceProfile, get_profile
 from ..meter import AllocatorTimeline, gradient_bytes
 from ..ops import SCRATCH_MODELS
 from ..threads import module_call_hooks
-from ..support import (local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients, unsharded_storages,
-                      unsupported_reason)
+from ..support import (DATA_PARALLEL_WRAPPERS, local_tensor, set_micro_batch, sharded_parameters, unsharded_gradients,
+                       unsharded_storages, unsupported_reason)
 from ..trace import Phase, Role, Trace, TraceBuilder
-from .hooks import _DeviceGuard, _ModuleTracker, _WRAPPERS
+from .hooks import _DeviceGuard, _ModuleTracker
 from .mode import _Recorder
 from .vocabulary import LossFn, OptimizerArg, RecordingError
 
@@ -48,7 +48,7 @@ def _iteration(model: torch.nn.Module, inputs: tuple, loss_fn: LossFn | None,
         return
     def module_call(module: torch.nn.Module, args: Any) -> None:
         # Where a module's forward begins no op is under way: the runtime's anchors.
-        if recorder.active and recorder.phase == Phase.FORWARD and not isinstance(module, _WRAPPERS):
+        if recorder.active and recorder.phase == Phase.FORWARD and not isinstance(module, DATA_PARALLEL_WRAPPERS):
             recorder.b.mark_module_call()
 
     calls = module_call_hooks(module_call)

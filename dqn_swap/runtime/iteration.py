@@ -12,6 +12,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..threads import module_call_hooks
+from ..support import DATA_PARALLEL_WRAPPERS
 from ..trace import format_bytes
 from .offload import HostOffload, Offloaded
 from .index import NO_OP, PROGRESS, RECOMPUTE, SWAP, TRACK, PlanIndex
@@ -19,7 +20,7 @@ from .recompute import OpRecorder, RecomputeError, RecordMode, view_of
 from .swap import SwapGroup
 
 from .live_checks import LiveChecks
-from .vocabulary import (_WRAPPERS, KEEP, REMOVED, SWAPPED, HeldInputWarning, IterationStats, UnsupportedTrainingError,
+from .vocabulary import (KEEP, REMOVED, SWAPPED, HeldInputWarning, IterationStats, UnsupportedTrainingError,
                          _FsdpFirstGather, _Kept, _Packed, _RecomputeGroup)
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class _Iteration(LiveChecks):
 
     def module_call(self, module: torch.nn.Module, args: Any) -> None:
         """A module's forward begins (no op is under way): start or stop numbering ops here."""
-        if self.forward_done or self.safe is not None or isinstance(module, _WRAPPERS):
+        if self.forward_done or self.safe is not None or isinstance(module, DATA_PARALLEL_WRAPPERS):
             return
         mode = self.mode
         assert mode is not None

@@ -111,7 +111,6 @@ STEP_OWNER = _StepOwner()
 
 # --------------------------------------------------------------------------- handles
 KEEP, SWAPPED, REMOVED = 0, 1, 2
-_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 
 
 class _Packed:
