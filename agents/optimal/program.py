@@ -210,50 +210,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-from scipy import sparse
 
 from dqn_swap.plan import Action, ActionKind
 from dqn_swap.simulator import Simulator
 
 from .candidates import MS, Candidate, actionable_windows, candidates
+from .rows import ProgramSize, Rows
 
 GIB = float(2**30)  # bytes -> GiB: the program's memory unit
-
-
-class _Rows:
-    """A sparse constraint matrix built row by row: ``lo <= A x <= hi``."""
-
-    def __init__(self) -> None:
-        self.r: list[int] = []
-        self.c: list[int] = []
-        self.v: list[float] = []
-        self.lo: list[float] = []
-        self.hi: list[float] = []
-
-    def add(self, terms: Iterable[tuple[int, float]], lo: float = -math.inf, hi: float = math.inf) -> None:
-        i = len(self.lo)
-        for c, v in terms:
-            self.r.append(i), self.c.append(c), self.v.append(v)
-        self.lo.append(lo), self.hi.append(hi)
-
-    def matrix(self, n_vars: int) -> sparse.csr_array:
-        return sparse.csr_array((self.v, (self.r, self.c)), shape=(len(self.lo), n_vars))
-
-
-@dataclass(frozen=True)
-class ProgramSize:
-    """How big a program is: variables, binaries, constraints, nonzeros."""
-
-    variables: int
-    binaries: int
-    constraints: int
-    nonzeros: int
-    candidates: int
-    checkpoints: int
-    time_points: int
 
 
 class SwapProgram:
@@ -299,7 +265,7 @@ class SwapProgram:
             n_var += 1
             return n_var - 1
 
-        rows = _Rows()
+        rows = Rows()
         o = [var(0, 1, True) for _ in cands]
         r = [var(0, 1, True) if c.can_recompute else -1 for c in cands]
         self.o, self.r = o, r
