@@ -37,7 +37,11 @@ class Analysis:
 def analyse(index: TraceIndex, lists: IndexLists, actions: Iterable[Action], why_invalid) -> Analysis:  # noqa: ANN001, C901
     """Validate, deduplicate and analyse ``actions`` (module docstring of :mod:`dqn_swap.simulator`:
     at most one action per tensor, recompute closures, ``need``).  ``why_invalid(action)``
-    words the ``ValueError`` of an invalid action."""
+    words the ``ValueError`` of an invalid action.
+
+    One function on purpose: the reference engine and its compiled port are read side by side, line by line
+    (tests/test_simulator_engines.py compares them bit for bit), and the compiled loop keeps its state in
+    locals Numba holds in registers; split, neither would read as the other."""
     L = lists
     ev_t, ev_op, ev_next = L.ev_tensor, L.ev_op, L.ev_next
     can_s, can_r = L.can_swap, L.can_rec

@@ -269,7 +269,11 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
     else is then meaningful), the final state vectors (``F`` holds the clock and the stalls),
     the plan's need, and in ``log`` one after the other the re-run ops in order
     (``S[REC_N]``), the prefetch starts' tensors and ops (``S[PLOG_N]`` each) and the ignored
-    actions' positions (``S[IGN_N]``): one array to return instead of four."""
+    actions' positions (``S[IGN_N]``): one array to return instead of four.
+
+    One function on purpose: the reference engine and its compiled port are read side by side, line by line
+    (tests/test_simulator_engines.py compares them bit for bit), and the compiled loop keeps its state in
+    locals Numba holds in registers; split, neither would read as the other."""
     ev_op, ev_next, ev_tensor = ev_tab[0], ev_tab[1], ev_tab[2]
     held, nbytes, alloc, free = t_tab[0], t_tab[1], t_tab[2], t_tab[3]
     mal, scr, fre, phase, op_memory = op_tab[0], op_tab[1], op_tab[2], op_tab[3], op_tab[4]

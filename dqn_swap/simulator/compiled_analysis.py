@@ -25,7 +25,11 @@ def analyse(ev_op, ev_next, held, nbytes, alloc, free, mal, scr, in_ptr, in_idx,
     Returns the issues (CSR by op: tensor, is_swap), the prefetch waits (CSR by op, tensors
     ascending), the recompute groups (target op, steps as CSR: producer, bytes released,
     swapped leaves; the tensors made and the transient inputs' last readers, for the
-    schedule), the ignored actions (positions, in event order), next use per tensor and need."""
+    schedule), the ignored actions (positions, in event order), next use per tensor and need.
+
+    One function on purpose: the reference engine and its compiled port are read side by side, line by line
+    (tests/test_simulator_engines.py compares them bit for bit), and the compiled loop keeps its state in
+    locals Numba holds in registers; split, neither would read as the other."""
     n_ops = len(mal)
     n_t = len(nbytes)
     n_a = len(a_event)

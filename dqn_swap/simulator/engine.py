@@ -29,7 +29,11 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
     """Simulate an analysed plan: the reference engine, the model of :mod:`dqn_swap.simulator`
     written on Python numbers (one loop over ops that only does work where something happens, a
     few NumPy calls per prefetch for the admission rule).  The compiled engine
-    (:mod:`dqn_swap.simulator.compiled`) is its line-by-line port."""
+    (:mod:`dqn_swap.simulator.compiled`) is its line-by-line port.
+
+    One function on purpose: the reference engine and its compiled port are read side by side, line by line
+    (tests/test_simulator_engines.py compares them bit for bit), and the compiled loop keeps its state in
+    locals Numba holds in registers; split, neither would read as the other."""
     INF = math.inf
     limit = sim.memory_limit
     L = sim.lists
