@@ -114,22 +114,62 @@ def greedy_q(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) -> np.
     return q
 
 
+#: How many ops past the decision point ``cover`` decoding looks (see :func:`cover_episode`).
+COVER_AHEAD_OPS = 40
+
+
+#: A decoding rule: from the Q-values of the current state and their order (decreasing Q, ties by
+#: node), the action to take (an ``int``: :meth:`SwapRecomputeEnv.step`) or the batch of actions
+#: (a ``list``: :meth:`SwapRecomputeEnv.step_many`, one simulation for the lot).
+Rule = Callable[[np.ndarray, np.ndarray], "int | list[int]"]
+
+
+@torch.no_grad()
+def drive(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, rule: Rule,
+          q: np.ndarray | None = None) -> tuple[float, int]:
+    """The episode driver of the decodings: from ``env``'s current state (Q-values ``q``, read if not
+    given), take what ``rule`` picks, read Q again, until the episode ends.  Returns the episode's
+    return and its steps (actions taken).  The lookaheads (:func:`search_episode`,
+    :func:`search_cover_episode`) try several picks in the simulator before taking one, and finish
+    by this driver where their time runs out."""
+    ret, steps = 0.0, 0
+    q = greedy_q(net, batcher, env) if q is None else q
+    while True:
+        picked = rule(q, np.argsort(-q, kind="stable"))
+        if isinstance(picked, list):
+            r, done = env.step_many(picked)
+            steps += len(picked)
+        else:
+            _, r, term, trunc, _ = env.step(int(picked))
+            done, steps = term or trunc, steps + 1
+        ret += r
+        if done:
+            return ret, steps
+        q = greedy_q(net, batcher, env)
+
+
+def greedy_rule(q: np.ndarray, order: np.ndarray) -> int:
+    """Greedy decoding's rule: the valid action of highest Q."""
+    return int(order[0])
+
+
+def cover_rule(env: SwapRecomputeEnv, ahead: int = COVER_AHEAD_OPS, one_kind: bool = True) -> Rule:
+    """``cover`` decoding's rule (:func:`cover_episode`): "do nothing" where it is the best action,
+    else the batch :func:`cover_batch` makes."""
+    def rule(q: np.ndarray, order: np.ndarray) -> int | list[int]:
+        best = int(order[0])
+        if env.graph.kind[best] == 0:  # do nothing (the only valid action)
+            return best
+        return cover_batch(env, q, order, ahead=ahead, one_kind=one_kind)
+
+    return rule
+
+
 @torch.no_grad()
 def greedy_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv) -> dict[str, Any]:
     """Run one episode taking the argmax-Q valid action each step; returns its summary."""
     env.reset(seed=0)
-    ret, steps, done = 0.0, 0, False
-    while not done:
-        a = int(np.argmax(greedy_q(net, batcher, env)))
-        _, r, term, trunc, info = env.step(a)
-        ret += r
-        steps += 1
-        done = term or trunc
-    return episode_summary(env, ret, steps)
-
-
-#: How many ops past the decision point ``cover`` decoding looks (see :func:`cover_episode`).
-COVER_AHEAD_OPS = 40
+    return episode_summary(env, *drive(net, batcher, env, greedy_rule))
 
 
 @torch.no_grad()
@@ -156,20 +196,7 @@ def cover_episode(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv,
     simulator; its figures in docs/results.md were measured with such batches).
     """
     env.reset(seed=0)
-    g = env.graph
-    ret, steps, done = 0.0, 0, False
-    while not done:
-        q = greedy_q(net, batcher, env)
-        order = np.argsort(-q, kind="stable")
-        best = int(order[0])
-        if g.kind[best] == 0:  # do nothing (the only valid action)
-            _, r, term, trunc, _ = env.step(best)
-            ret, steps, done = ret + r, steps + 1, term or trunc
-            continue
-        picked = cover_batch(env, q, order, ahead=ahead, one_kind=one_kind)
-        r, done = env.step_many(picked)
-        ret, steps = ret + r, steps + len(picked)
-    return episode_summary(env, ret, steps)
+    return episode_summary(env, *drive(net, batcher, env, cover_rule(env, ahead, one_kind)))
 
 
 def cover_batch(env: SwapRecomputeEnv, q: np.ndarray, order: np.ndarray, first: int | None = None,
@@ -267,19 +294,9 @@ def _peek(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, a: int
 
 
 def _finish_by_cover(net: QNetwork, batcher: GraphBatcher, env: SwapRecomputeEnv, q: np.ndarray) -> None:
-    """Decode the rest of ``env``'s episode as :func:`cover_episode` does, from Q-values ``q`` of the
-    current state."""
-    done = False
-    while not done:
-        order = np.argsort(-q, kind="stable")
-        best = int(order[0])
-        if env.graph.kind[best] == 0:
-            _, _, term, trunc, _ = env.step(best)
-            done = term or trunc
-        else:
-            _, done = env.step_many(cover_batch(env, q, order))
-        if not done:
-            q = greedy_q(net, batcher, env)
+    """Decode the rest of ``env``'s episode as :func:`cover_episode` does (batches in Q order whatever
+    their kind), from Q-values ``q`` of the current state."""
+    drive(net, batcher, env, cover_rule(env, one_kind=False), q)
 
 
 @torch.no_grad()
