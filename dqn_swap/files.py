@@ -37,6 +37,19 @@ def _umask() -> int:
     return mask
 
 
+def unreadable(path: str | os.PathLike[str], error: BaseException, what: str, missing: str = "") -> str | None:
+    """The one line a loader says where ``path`` could not be opened as a ``what`` file (``"trace"``):
+    it is missing (``missing`` follows, a hint where to find one), a folder, or not to be read by
+    this user; None for any other error, which is the file's content's to explain."""
+    if isinstance(error, FileNotFoundError):
+        return f"{path}: no such file{missing}"
+    if isinstance(error, IsADirectoryError):
+        return f"{path}: is a directory, not {'an' if what[:1] in 'aeiou' else 'a'} {what} file"
+    if isinstance(error, PermissionError):
+        return f"{path}: permission denied"
+    return None
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False) -> Path:
     """Write ``data`` to ``path`` through an exclusive temporary file beside it, then move it into place.
 

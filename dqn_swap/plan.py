@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from .errors import DqnSwapInputError
-from .files import not_a_regular_file, other_kind, write_atomically
+from .files import not_a_regular_file, other_kind, unreadable, write_atomically
 from .units import MAX_BYTES
 
 if TYPE_CHECKING:
@@ -218,14 +218,11 @@ class Plan:
         special = not_a_regular_file(path)
         if special:
             raise PlanError(special)
-        if path.is_dir():
-            raise PlanError(f"{path}: is a directory, not a plan file")
         try:
             d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PlanError(f"{path}: no such file") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: [[[[...
-            raise PlanError(other_kind(path, "plan") or f"{path}: corrupt plan file ({type(e).__name__}: {e})") from None
+            raise PlanError(unreadable(path, e, "plan") or other_kind(path, "plan")
+                            or f"{path}: corrupt plan file ({type(e).__name__}: {e})") from None
         plan = cls.from_json(d, str(path))
         if trace is not None:
             plan.check_trace(trace, str(path))

@@ -40,7 +40,7 @@ import torch
 
 from dqn_swap import checkpoints as shipped
 from dqn_swap.errors import DqnSwapInputError
-from dqn_swap.files import not_a_regular_file, other_kind, write_atomically
+from dqn_swap.files import not_a_regular_file, other_kind, unreadable, write_atomically
 
 from .config import DQNConfig
 from .policy import QEnsemble, QNetwork
@@ -108,12 +108,9 @@ def _load_raw(path: Path, fmt: str | tuple[str, ...]) -> dict[str, Any]:
             # failure is said in one line below, and a sound file raises no warning
             warnings.simplefilter("ignore", UserWarning)
             obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise AgentFileError(f"{path}: no such file (shipped agents: {', '.join(shipped.names())})") from None
-    except IsADirectoryError:
-        raise AgentFileError(f"{path}: is a directory, not an agent file") from None
-    except PermissionError:
-        raise AgentFileError(f"{path}: permission denied") from None
+    except OSError as e:
+        raise AgentFileError(unreadable(path, e, "agent", f" (shipped agents: {', '.join(shipped.names())})")
+                             or _why_unreadable(path, e)) from None
     except Exception as e:  # noqa: BLE001: any failure to decode the file is the file's, said in one line
         raise AgentFileError(_why_unreadable(path, e)) from None
     if not isinstance(obj, dict) or obj.get("format") not in ((fmt,) if isinstance(fmt, str) else fmt):

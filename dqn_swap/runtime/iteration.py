@@ -97,19 +97,9 @@ class _Iteration(LiveChecks):
 
     # ------------------------------------------------------------------ pack
     def pack(self, t: torch.Tensor) -> Any:
-        if t.is_cuda is not self.cuda:
-            return t  # another device: the recorder neither counted nor tracked it
-        if torch._C._current_graph_task_id() != -1:
-            return t  # a graph made inside backward (reentrant checkpointing): no pack of the trace's
-        k = self.n_packed
-        self.n_packed = k + 1
-        if self.safe is None:
-            if k >= self.n_saved:
-                self.too_many_packs()
-            else:
-                self.check(k, t)  # the live check, before anything acts on this tensor
-        if self.safe is not None:
-            return self.safe_pack(t)
+        k, packed = self.counted_pack(t)
+        if k < 0:
+            return packed
         if self.pending_borrowed:
             self.release_borrowed(self.pack_op[k])
         mode = self.mode

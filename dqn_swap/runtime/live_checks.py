@@ -42,23 +42,33 @@ class LiveChecks:
                     f"recorded and by {name or 'no autograd node'} now: this iteration runs other ops than the "
                     "trace")
 
-    def check_pack(self, t: torch.Tensor) -> torch.Tensor:
-        """The pack hook of a plan without actions.  With ops checked (``check="ops"``) every pack
-        is checked and the hooks stay on, so that an iteration that leaves the trace goes on in
-        safe mode from there.  Otherwise the first pack alone (the batch, usually), then the hooks
-        come off: checking every pack would cost an empty plan 3-5 % of a step (measured on the
-        CPU).  Ours are on top: this runs in our pack hook."""
+    def counted_pack(self, t: torch.Tensor) -> tuple[int, Any]:
+        """The head of both pack hooks: ``(k, None)`` for the trace's ``k``-th pack, once its live
+        check passed; ``(-1, what to return)`` for a tensor that is no pack of the trace's (another
+        device, which the recorder neither counted nor tracked; a graph made inside backward, as
+        reentrant checkpointing makes) and for a pack from which the step runs in safe mode."""
         if t.is_cuda is not self.cuda or torch._C._current_graph_task_id() != -1:
-            return t
+            return -1, t
         k = self.n_packed
         self.n_packed = k + 1
         if self.safe is None:
             if k >= self.n_saved:
                 self.too_many_packs()
             else:
-                self.check(k, t)
-        if self.safe is not None:  # not the trace's iteration: the hooks stay on, in safe mode
-            return self.safe_pack(t)
+                self.check(k, t)  # the live check, before anything acts on this tensor
+        if self.safe is not None:  # not the trace's iteration: safe mode from here
+            return -1, self.safe_pack(t)
+        return k, None
+
+    def check_pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook of a plan without actions.  With ops checked (``check="ops"``) every pack
+        is checked and the hooks stay on, so that an iteration that leaves the trace goes on in
+        safe mode from there.  Otherwise the first pack alone (the batch, usually), then the hooks
+        come off: checking every pack would cost an empty plan 3-5 % of a step (measured on the
+        CPU).  Ours are on top: this runs in our pack hook."""
+        k, packed = self.counted_pack(t)
+        if k < 0:  # not the trace's pack, or safe mode from here: the hooks stay on
+            return packed
         if self.mode is not None:  # ops checked: the hooks stay on (docstring)
             if k == self.n_saved - 1:
                 self.end_of_forward()

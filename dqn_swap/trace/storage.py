@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import not_a_regular_file, other_kind, write_atomically
+from ..files import not_a_regular_file, other_kind, unreadable, write_atomically
 from .schema import _ARRAYS, _OPTIONAL, FORMAT, READ_VERSIONS, VERSION, TraceError
 
 
@@ -80,12 +80,12 @@ class TraceFile:
                                              f"or {int(array.min())}, outside {dtype}")
         except TraceError:
             raise
-        except FileNotFoundError:
-            raise TraceError(f"{path}: no such file") from None
-        except IsADirectoryError:
-            raise TraceError(f"{path}: is a directory, not a trace file") from None
-        except PermissionError:
-            raise TraceError(f"{path}: permission denied") from None
+        except OSError as e:
+            line = unreadable(path, e, "trace")
+            if line is None:
+                first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+                line = f"{path}: corrupt or truncated trace file ({type(e).__name__}: {first})"
+            raise TraceError(line) from None
         except MemoryError as e:  # an .npy header that claims more rows than the machine can hold
             raise TraceError(f"{path}: corrupt trace file, or one too large for this machine: an array in it "
                              f"needs more memory than there is ({str(e)[:120]})") from None
