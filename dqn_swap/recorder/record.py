@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,42 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
     Raises:
         RecordingError: the model raised; the message names the op or step.
     """
+    model, example_inputs, device, profile, recorded = _checked(
+        model, example_inputs, loss_fn, optimizer, device, profile, meta, kernels, inputs, accumulation, micro_batch)
+    opt = _make_optimizer(optimizer, model)
+    model.train()
+    _warm_up(model, example_inputs, loss_fn, opt, device, accumulation)
+    run = _record_iterations(model, example_inputs, loss_fn, opt, device, kernels, accumulation, recorded,
+                             iterations if device.type == "cuda" else 1)
+    recorder = run.recorder
+    trace = _built(recorder, {
+        "device": device.type, "profile": profile.name, "profile_params": profile.to_dict(),
+        "recorded_iterations": run.runs, "scratch": "estimated" if device.type == "meta" else "measured",
+        **({"scratch_kernels": kernels} if device.type == "meta" else {}),
+        "record_seconds": run.seconds, "torch": torch.__version__,
+        **({"inputs_released": True} if inputs == "released" else {}),
+        **({"accumulation": {"micro_batches": accumulation, "micro_batch": recorded}} if accumulation > 1 else {}),
+        **(meta or {})}, profile)
+    if device.type == "cuda":
+        if len({len(d) for d in run.durations}) == 1:
+            measured = np.median(np.stack(run.durations), axis=0)
+        else:  # the graph changed between iterations (stochastic depth): keep the last one's times
+            measured = run.durations[-1]
+        return trace.with_durations(_collective_times(measured, recorder, profile), timing="cuda-events",
+                                    max_memory_allocated=recorder.iteration_peak,
+                                    outside_bytes=max(0, run.allocated_at_start - trace.initial_bytes),
+                                    outside_blocks=run.outside_blocks)
+    times = profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0)
+    return trace.with_durations(_collective_times(times, recorder, profile), timing="roofline")
+
+
+def _checked(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | None, optimizer: OptimizerArg,
+             device: str | torch.device | None, profile: str | DeviceProfile | None, meta: dict[str, Any] | None,
+             kernels: str, inputs: str, accumulation: int, micro_batch: int | None
+             ) -> tuple[torch.nn.Module, tuple, torch.device, DeviceProfile, int]:
+    """:func:`record_trace`'s arguments checked (one line each) and resolved: the model (a copy on
+    ``device`` where it is elsewhere), the inputs as a tuple there, the device, the profile and the
+    index of the recorded micro-batch."""
     from ..checks import expect, expect_callable
 
     expect(model, torch.nn.Module, "model", what="a torch.nn.Module")
@@ -181,25 +218,48 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     if profile is None or isinstance(profile, str):
         profile = get_profile(profile or DEFAULT_PROFILE)
-    opt = _make_optimizer(optimizer, model)
-    model.train()
+    return model, example_inputs, device, profile, recorded
 
-    time_ops = device.type == "cuda"
+
+def _warm_up(model: torch.nn.Module, example_inputs: tuple, loss_fn: LossFn | None,
+             opt: torch.optim.Optimizer | None, device: torch.device, accumulation: int) -> None:
+    """A whole optimizer step, unrecorded: lazily made state (optimizer moments, workspaces) appears."""
     guard = _DeviceGuard(device.type) if device.type == "meta" else contextlib.nullcontext()
     try:
         with guard:
-            for k in range(accumulation):  # warm-up, a whole optimizer step: lazy state appears
+            for k in range(accumulation):
                 _micro_batch(model, example_inputs, loss_fn, opt, None, k, accumulation)
     except RecordingError:
         raise
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise RecordingError(f"the model failed in its warm-up iteration: {type(e).__name__}: {first}") from e
-    runs = iterations if time_ops else 1
+
+
+@dataclass
+class _Run:
+    """What the recorded iterations left: the last one's recorder, how many ran, the op times of each
+    (CUDA), what the device held as the last began, and the seconds they took."""
+
+    recorder: _Recorder
+    runs: int
+    durations: list[np.ndarray]
+    allocated_at_start: int
+    outside_blocks: list[int]
+    seconds: float
+
+
+def _record_iterations(model: torch.nn.Module, example_inputs: tuple, loss_fn: LossFn | None,
+                       opt: torch.optim.Optimizer | None, device: torch.device, kernels: str, accumulation: int,
+                       recorded: int, runs: int) -> _Run:
+    """Record micro-batch ``recorded`` of an optimizer step ``runs`` times (on CUDA several, whose op
+    times are kept; the last is the trace), the step's other micro-batches running unrecorded around it."""
+    time_ops = device.type == "cuda"
     durations: list[np.ndarray] = []
     outside_blocks: list[int] = []
+    allocated_at_start = 0
     recorder = None
-    timeline = None
+    timeline: Any = None
     t0 = time.perf_counter()
     for run in range(runs):
         builder = TraceBuilder()
@@ -242,15 +302,13 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
                 _micro_batch(model, example_inputs, loss_fn, opt, None, k, accumulation)
     assert recorder is not None
     _end_scratch(recorder, timeline if isinstance(timeline, AllocatorTimeline) else None)
-    b = recorder.b
-    record_seconds = time.perf_counter() - t0
-    trace_meta = {"device": device.type, "profile": profile.name, "profile_params": profile.to_dict(),
-                  "recorded_iterations": runs, "scratch": "estimated" if device.type == "meta" else "measured",
-                  **({"scratch_kernels": kernels} if device.type == "meta" else {}),
-                  "record_seconds": record_seconds, "torch": torch.__version__,
-                  **({"inputs_released": True} if inputs == "released" else {}),
-                  **({"accumulation": {"micro_batches": accumulation, "micro_batch": recorded}}
-                     if accumulation > 1 else {}), **(meta or {})}
+    return _Run(recorder, runs, durations, allocated_at_start, outside_blocks, time.perf_counter() - t0)
+
+
+def _built(recorder: _Recorder, trace_meta: dict[str, Any], profile: DeviceProfile) -> Trace:
+    """The recorder's trace, with ``trace_meta`` and what the recorder saw of collectives, FSDP2 and
+    ops that write what their schema does not say; an iteration that cannot be one is refused,
+    saying why, in one line."""
     if recorder.collectives:
         trace_meta["collectives"] = {"ops": len(recorder.collectives), "bytes_sent": sum(recorder.collectives.values()),
                                      "interconnect_bandwidth": profile.interconnect_bandwidth}
@@ -261,8 +319,9 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
                               "unsharded_storages": len(recorder.unsharded)}
     if recorder.unannotated:
         trace_meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
+    b = recorder.b
     try:
-        trace = b.build(trace_meta)
+        return b.build(trace_meta)
     except ValueError as e:
         unallocated = [t for t, a in enumerate(b.t_alloc) if a == -2]
         made_by = sorted({recorder.declared_by.get(t, "an unknown op") for t in unallocated})
@@ -271,19 +330,6 @@ def record_trace(model: torch.nn.Module, example_inputs: Any, loss_fn: LossFn | 
         raise RecordingError(f"this iteration cannot be made a trace: {why}; a plan of it would be wrong, so "
                              "none is made: train it unplanned, or with dqn_swap.autoplan, which runs such an "
                              "iteration in safe mode (saved activations on the host)") from None
-    if time_ops:
-        if len({len(d) for d in durations}) == 1:
-            measured = np.median(np.stack(durations), axis=0)
-        else:  # the graph changed between iterations (stochastic depth): keep the last one's times
-            measured = durations[-1]
-        trace = trace.with_durations(_collective_times(measured, recorder, profile), timing="cuda-events",
-                                     max_memory_allocated=recorder.iteration_peak,
-                                     outside_bytes=max(0, allocated_at_start - trace.initial_bytes),
-                                     outside_blocks=outside_blocks)
-    else:
-        times = profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0)
-        trace = trace.with_durations(_collective_times(times, recorder, profile), timing="roofline")
-    return trace
 
 
 def _collective_times(durations: np.ndarray, recorder: _Recorder, profile: DeviceProfile) -> np.ndarray:
