@@ -91,45 +91,9 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
     prof = profile_of(trace, profile or plan.profile)
     result = simulate(trace, plan.actions, plan.memory_limit, prof, timeline=True)
     sched = result.schedule  # the simulation's own, at this profile (the plan's, at the plan's profile)
-    _, return_op = trace.action_window
-    prefetch_at = {int(t): int(op) for t, op in (sched.prefetch if sched is not None else ())}
-    reruns: dict[int, tuple[int, list[int]]] = {}  # removed tensor -> (op it is re-created for, ops re-run)
-    for before, steps in (sched.recompute if sched is not None else ()):
-        ops = [int(s.op) for s in steps]
-        for s in steps:
-            for x in s.keep:
-                reruns.setdefault(int(x), (int(before), ops))
-    rows = []
     in_order = sorted(plan.actions, key=lambda a: (int(trace.event_op[a.event]), a.tensor))
-    for a in in_order:
-        t = int(a.tensor)
-        made = int(trace.tensor_alloc_op[t])
-        row = {"tensor": t, "kind": a.kind.name.lower(), "module": module_of(trace, t),
-               "made_by": _op_text(trace, made), "bytes": int(trace.tensor_nbytes[t]),
-               "role": Role(int(trace.tensor_role[t])).name.lower(),
-               "leaves_after": _op_text(trace, int(trace.event_op[a.event])),
-               "needed_by": _op_text(trace, int(return_op[t])) if return_op[t] >= 0 else "nothing (not read again)"}
-        if a.kind == ActionKind.SWAP:
-            start = prefetch_at.get(t)
-            row["copy_back_from"] = _op_text(trace, start) if start is not None else "on demand"
-        else:
-            before, ops = reruns.get(t, (-1, []))
-            row["re_run"] = [_op_text(trace, op) for op in ops]
-            row["re_created_before"] = _op_text(trace, before)
-        rows.append(row)
-    modules: dict[str, dict[str, Any]] = {}
-
-    def made_at(t: int) -> int:
-        return int(trace.tensor_alloc_op[t])
-
-    for row, a in zip(rows, in_order):
-        name = module_of(trace, a.tensor, depth)
-        m = modules.setdefault(name, {"module": name, "swapped": 0, "swapped_bytes": 0,
-                                      "recomputed": 0, "recomputed_bytes": 0, "_first": made_at(a.tensor)})
-        m["_first"] = min(m["_first"], made_at(a.tensor))
-        key = "swapped" if a.kind == ActionKind.SWAP else "recomputed"
-        m[key] += 1
-        m[key + "_bytes"] += row["bytes"]
+    rows = _action_rows(trace, in_order, sched)
+    modules = _by_module(trace, in_order, rows, depth)
     limit = int(plan.memory_limit)
     overflow = _first_overflow(trace, limit)
     peak_op = int(result.peak_op)
@@ -160,8 +124,7 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
         "plan": {"planner": plan.planner, **({"chosen": plan.settings["chosen"]} if plan.settings.get("chosen") else {}),
                  "memory_limit": limit, "profile": prof.name, "trace_fingerprint": plan.trace_fingerprint},
         "figures": figures, "binds": binds,
-        "modules": [{k: v for k, v in m.items() if k != "_first"}
-                    for m in sorted(modules.values(), key=lambda m: m["_first"])],
+        "modules": modules,
         "actions": rows,
     }
     if timeline:
@@ -170,6 +133,54 @@ def explain_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
         report["_profile"] = prof
     return report
 
+
+
+def _action_rows(trace: Trace, in_order: list[Any], sched: Any) -> list[dict[str, Any]]:
+    """One row per action, in forward order: the tensor, the op that made it, the op after which it
+    leaves, the op that needs it back, and where its copy back starts or which ops re-make it."""
+    _, return_op = trace.action_window
+    prefetch_at = {int(t): int(op) for t, op in (sched.prefetch if sched is not None else ())}
+    reruns: dict[int, tuple[int, list[int]]] = {}  # removed tensor -> (op it is re-created for, ops re-run)
+    for before, steps in (sched.recompute if sched is not None else ()):
+        ops = [int(s.op) for s in steps]
+        for s in steps:
+            for x in s.keep:
+                reruns.setdefault(int(x), (int(before), ops))
+    rows = []
+    for a in in_order:
+        t = int(a.tensor)
+        made = int(trace.tensor_alloc_op[t])
+        row = {"tensor": t, "kind": a.kind.name.lower(), "module": module_of(trace, t),
+               "made_by": _op_text(trace, made), "bytes": int(trace.tensor_nbytes[t]),
+               "role": Role(int(trace.tensor_role[t])).name.lower(),
+               "leaves_after": _op_text(trace, int(trace.event_op[a.event])),
+               "needed_by": _op_text(trace, int(return_op[t])) if return_op[t] >= 0 else "nothing (not read again)"}
+        if a.kind == ActionKind.SWAP:
+            start = prefetch_at.get(t)
+            row["copy_back_from"] = _op_text(trace, start) if start is not None else "on demand"
+        else:
+            before, ops = reruns.get(t, (-1, []))
+            row["re_run"] = [_op_text(trace, op) for op in ops]
+            row["re_created_before"] = _op_text(trace, before)
+        rows.append(row)
+    return rows
+
+
+def _by_module(trace: Trace, in_order: list[Any], rows: list[dict[str, Any]], depth: int | None
+               ) -> list[dict[str, Any]]:
+    """The actions summed per module path (cut to ``depth`` parts), modules in the order they first
+    made a moved tensor."""
+    modules: dict[str, dict[str, Any]] = {}
+    for row, a in zip(rows, in_order):
+        name = module_of(trace, a.tensor, depth)
+        made = int(trace.tensor_alloc_op[a.tensor])
+        m = modules.setdefault(name, {"module": name, "swapped": 0, "swapped_bytes": 0,
+                                      "recomputed": 0, "recomputed_bytes": 0, "_first": made})
+        m["_first"] = min(m["_first"], made)
+        key = "swapped" if a.kind == ActionKind.SWAP else "recomputed"
+        m[key] += 1
+        m[key + "_bytes"] += row["bytes"]
+    return [{k: v for k, v in m.items() if k != "_first"} for m in sorted(modules.values(), key=lambda m: m["_first"])]
 
 def copy_intervals(trace: Trace, result: Any, schedule: Any, profile: DeviceProfile
                    ) -> dict[str, list[tuple[float, float]]]:

@@ -105,53 +105,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cost import PROFILES
     from ..limits import MemoryLimit
-    from ..planners import DEFAULT_PLANNER
     from ..integrations.experiment import report_table, run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
-    if args.plan is None:
-        if args.trace is not None:
-            raise ValueError("--trace goes with --plan: it names the trace a saved plan was made for")
-        if args.memory_limit is None:
-            raise ValueError("--memory-limit is required (or --plan FILE, a saved plan with its own limit)")
-        args.planner = args.planner or DEFAULT_PLANNER
-    else:
-        for option, value in (("--memory-limit", args.memory_limit), ("--planner", args.planner),
-                              ("--agent", args.agent), ("--max-batch", args.max_batch or None)):
-            if value is not None:
-                raise ValueError(f"{option} does not go with --plan: the saved plan brings its own limit and "
-                                 "planner (re-plan with dqn-swap plan to change them)")
-    if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, not {args.steps}")
-    run_methods = methods(args.methods, "--methods")
-    if not run_methods:
-        raise ValueError("--methods is empty; choose from " + ", ".join(METHOD_NAMES))
-    max_batch = methods(args.max_batch, "--max-batch")
-    if args.max_batch.strip() and not max_batch:
-        raise ValueError("--max-batch is empty; choose from " + ", ".join(METHOD_NAMES))
-    plan = trace = None
-    if args.plan is not None:
-        from ..plan import Plan
-
-        plan = Plan.load(args.plan)
-        on_cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
-        if args.profile is None and not on_cuda and plan.profile in PROFILES:
-            args.profile = plan.profile  # the profile the plan's trace was recorded with
-        if args.trace is not None:
-            trace = load_trace(args.trace)
-            for key, value in (("model", args.model), ("batch_size", args.batch_size)):
-                if trace.meta.get(key) is not None and trace.meta[key] != value:
-                    raise ValueError(f"{args.trace}: a trace of {key.replace('_', ' ')} {trace.meta[key]}, not "
-                                     f"{value} (--{key.replace('_', '-')})")
-            plan.check_trace(trace, args.plan)
-            from ..simulator import verify_plan
-
-            verify_plan(trace, plan, args.plan)  # an edited schedule is refused now, not after the unplanned runs
-        elif on_cuda:
-            raise ValueError(f"--plan {args.plan} on CUDA needs --trace FILE, the trace it was made for: a "
-                             "recording on CUDA measures op times anew, so it never matches the plan's trace")
-        args.memory_limit = plan.memory_limit
+    run_methods, max_batch = _checked_options(args)
+    plan, trace = _saved_plan(args) if args.plan is not None else (None, None)
     MemoryLimit.parse(args.memory_limit)  # syntax errors now, not after recording and training
     if args.budget is not None:
         if not max_batch:
@@ -200,3 +159,61 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {out}")
     planned = report["methods"].get("planned")
     return 1 if planned is not None and planned.get("status") != "ok" else 0
+
+
+def _checked_options(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The options that go together (a saved plan brings its own limit and planner), each refused
+    in one line; returns the methods to run and those whose largest batch is searched."""
+    from ..planners import DEFAULT_PLANNER
+
+    if args.plan is None:
+        if args.trace is not None:
+            raise ValueError("--trace goes with --plan: it names the trace a saved plan was made for")
+        if args.memory_limit is None:
+            raise ValueError("--memory-limit is required (or --plan FILE, a saved plan with its own limit)")
+        args.planner = args.planner or DEFAULT_PLANNER
+    else:
+        for option, value in (("--memory-limit", args.memory_limit), ("--planner", args.planner),
+                              ("--agent", args.agent), ("--max-batch", args.max_batch or None)):
+            if value is not None:
+                raise ValueError(f"{option} does not go with --plan: the saved plan brings its own limit and "
+                                 "planner (re-plan with dqn-swap plan to change them)")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, not {args.steps}")
+    run_methods = methods(args.methods, "--methods")
+    if not run_methods:
+        raise ValueError("--methods is empty; choose from " + ", ".join(METHOD_NAMES))
+    max_batch = methods(args.max_batch, "--max-batch")
+    if args.max_batch.strip() and not max_batch:
+        raise ValueError("--max-batch is empty; choose from " + ", ".join(METHOD_NAMES))
+    return run_methods, max_batch
+
+
+def _saved_plan(args: argparse.Namespace):  # noqa: ANN202
+    """``--plan FILE`` (and ``--trace``) read and checked now, not after the unplanned runs: the
+    plan, and its trace where given; the limit and profile taken from the plan."""
+    import torch
+
+    from ..cost import PROFILES
+    from ..plan import Plan
+
+    trace = None
+    plan = Plan.load(args.plan)
+    on_cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
+    if args.profile is None and not on_cuda and plan.profile in PROFILES:
+        args.profile = plan.profile  # the profile the plan's trace was recorded with
+    if args.trace is not None:
+        trace = load_trace(args.trace)
+        for key, value in (("model", args.model), ("batch_size", args.batch_size)):
+            if trace.meta.get(key) is not None and trace.meta[key] != value:
+                raise ValueError(f"{args.trace}: a trace of {key.replace('_', ' ')} {trace.meta[key]}, not "
+                                 f"{value} (--{key.replace('_', '-')})")
+        plan.check_trace(trace, args.plan)
+        from ..simulator import verify_plan
+
+        verify_plan(trace, plan, args.plan)  # an edited schedule is refused now, not after the unplanned runs
+    elif on_cuda:
+        raise ValueError(f"--plan {args.plan} on CUDA needs --trace FILE, the trace it was made for: a "
+                         "recording on CUDA measures op times anew, so it never matches the plan's trace")
+    args.memory_limit = plan.memory_limit
+    return plan, trace
