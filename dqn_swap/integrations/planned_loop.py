@@ -114,59 +114,9 @@ class AutoPlan(LoopRecording, LoopPlanning):
                  verbose: bool = True, runtime_options: dict[str, Any] | None = None,
                  max_variants: int = MAX_VARIANTS, shapes: str = "bucket",
                  tensorboard: str | Path | None = None, log_every: int = 10, planning: str = "inline") -> None:
-        from ..support import fsdp_param_groups, unsupported_reason
-
-        if not isinstance(model, torch.nn.Module):
-            raise AutoPlanError(f"autoplan needs a torch.nn.Module, got {type(model).__name__}")
-        reason = unsupported_reason(model)
-        if reason is None and fsdp_param_groups(model):
-            reason = ("autoplan does not learn an FSDP2 (fully_shard) iteration in the user's loop (its first steps "
-                      "keep saved activations on the host, FSDP's gathered parameters included): record each rank's "
-                      "iteration with dqn_swap.record_trace, plan it, and follow the plan with PlannedExecution "
-                      "(docs/fsdp.md)")
-        if reason is not None:
-            raise AutoPlanError(reason)
-        if new_shapes not in NEW_SHAPES:
-            raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
-        if shapes not in SHAPES:
-            raise AutoPlanError(f"shapes={shapes!r}: one of {', '.join(SHAPES)}")
-        if planning not in PLANNING:
-            raise AutoPlanError(f"planning={planning!r}: one of {', '.join(PLANNING)}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        from ..checks import expect, expect_path
-
-        expect_path(cache, "cache", none=True)
-        expect(planner_options, dict, "planner_options", none=True)
-        expect(runtime_options, dict, "runtime_options", none=True)
-        expect(allow_infeasible, bool, "allow_infeasible")
-        expect_path(tensorboard, "tensorboard", none=True)
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-            raise AutoPlanError(f"log_every={log_every!r}: a whole number of steps, at least 1")
-        if isinstance(max_variants, bool) or not isinstance(max_variants, int) or max_variants < 1:
-            raise AutoPlanError(f"max_variants={max_variants!r}: a whole number of plans per signature, at least 1")
-        if optimizer is not None:
-            mine = {id(p) for p in model.parameters()}
-            theirs = [p for g in optimizer.param_groups for p in g["params"]]
-            if theirs and not any(id(p) in mine for p in theirs):
-                raise AutoPlanError("the optimizer holds none of the model's parameters: pass the optimizer that "
-                                    "steps this model")
-        given_planner: Any = None
-        if isinstance(planner, str):
-            from ..agents import check_planner_name
-
-            try:
-                check_planner_name(planner)
-            except ValueError as e:
-                raise AutoPlanError(str(e)) from None
-        elif callable(getattr(planner, "plan", None)) and not isinstance(planner, type):
-            if planner_options:
-                raise AutoPlanError("planner_options go with a planner's name; a planner object comes built")
-            given_planner = planner  # the user's own planner object (registered or not)
-            planner = str(getattr(planner, "name", "") or type(planner).__qualname__)
-        else:
-            raise TypeError(f"planner must be str (a planner's name) or an object with plan(trace, memory_limit, "
-                            f"profile), not {type(planner).__name__}")
+        planner, given_planner = _checked_arguments(model, planner, optimizer, cache, planner_options, runtime_options,
+                                                    allow_infeasible, tensorboard, log_every, max_variants,
+                                                    new_shapes, shapes, planning)
         from ..limits import MemoryLimit
 
         MemoryLimit.parse(memory_limit)  # a malformed limit is refused now, not at the first step
@@ -532,3 +482,64 @@ def autoplan(model: torch.nn.Module, memory_limit: LimitSpec, *, planner: Any = 
     """
     return AutoPlan(model, memory_limit, planner=planner, optimizer=optimizer, cache=cache,
                     allow_infeasible=allow_infeasible, new_shapes=new_shapes, shapes=shapes, **options)
+
+
+def _checked_arguments(model: Any, planner: Any, optimizer: Any, cache: Any, planner_options: Any, runtime_options: Any,
+                       allow_infeasible: Any, tensorboard: Any, log_every: Any, max_variants: Any, new_shapes: str,
+                       shapes: str, planning: str) -> tuple[str, Any]:
+    """:class:`AutoPlan`'s arguments checked, each refused in one line: the planner's name, and the
+    user's planner object where one was given (else None)."""
+    from ..support import fsdp_param_groups, unsupported_reason
+
+    if not isinstance(model, torch.nn.Module):
+        raise AutoPlanError(f"autoplan needs a torch.nn.Module, got {type(model).__name__}")
+    reason = unsupported_reason(model)
+    if reason is None and fsdp_param_groups(model):
+        reason = ("autoplan does not learn an FSDP2 (fully_shard) iteration in the user's loop (its first steps "
+                  "keep saved activations on the host, FSDP's gathered parameters included): record each rank's "
+                  "iteration with dqn_swap.record_trace, plan it, and follow the plan with PlannedExecution "
+                  "(docs/fsdp.md)")
+    if reason is not None:
+        raise AutoPlanError(reason)
+    if new_shapes not in NEW_SHAPES:
+        raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
+    if shapes not in SHAPES:
+        raise AutoPlanError(f"shapes={shapes!r}: one of {', '.join(SHAPES)}")
+    if planning not in PLANNING:
+        raise AutoPlanError(f"planning={planning!r}: one of {', '.join(PLANNING)}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    from ..checks import expect, expect_path
+
+    expect_path(cache, "cache", none=True)
+    expect(planner_options, dict, "planner_options", none=True)
+    expect(runtime_options, dict, "runtime_options", none=True)
+    expect(allow_infeasible, bool, "allow_infeasible")
+    expect_path(tensorboard, "tensorboard", none=True)
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise AutoPlanError(f"log_every={log_every!r}: a whole number of steps, at least 1")
+    if isinstance(max_variants, bool) or not isinstance(max_variants, int) or max_variants < 1:
+        raise AutoPlanError(f"max_variants={max_variants!r}: a whole number of plans per signature, at least 1")
+    if optimizer is not None:
+        mine = {id(p) for p in model.parameters()}
+        theirs = [p for g in optimizer.param_groups for p in g["params"]]
+        if theirs and not any(id(p) in mine for p in theirs):
+            raise AutoPlanError("the optimizer holds none of the model's parameters: pass the optimizer that "
+                                "steps this model")
+    given_planner: Any = None
+    if isinstance(planner, str):
+        from ..agents import check_planner_name
+
+        try:
+            check_planner_name(planner)
+        except ValueError as e:
+            raise AutoPlanError(str(e)) from None
+    elif callable(getattr(planner, "plan", None)) and not isinstance(planner, type):
+        if planner_options:
+            raise AutoPlanError("planner_options go with a planner's name; a planner object comes built")
+        given_planner = planner  # the user's own planner object (registered or not)
+        planner = str(getattr(planner, "name", "") or type(planner).__qualname__)
+    else:
+        raise TypeError(f"planner must be str (a planner's name) or an object with plan(trace, memory_limit, "
+                        f"profile), not {type(planner).__name__}")
+    return planner, given_planner
