@@ -198,25 +198,7 @@ class PlannedExecution:
         expect(plan, Plan, "plan")
         expect(trace, Trace, "trace")
         refuse_unsupported(model)
-        verdict = plan.figures
-        if check_plan:
-            plan.check_trace(trace)
-            # A plan's figures and schedule are what its file says; the simulator says what they are.
-            from ..simulator import verify_plan
-
-            verdict = verify_plan(trace, plan).figures()
-        if verdict.get("feasible") is False and not allow_infeasible:
-            stuck = verdict.get("infeasible")
-            where = ""
-            if isinstance(stuck, dict) and isinstance(stuck.get("op"), int) and 0 <= stuck["op"] < trace.n_ops:
-                needed, available = stuck.get("needed"), stuck.get("available")
-                where = f" at {trace.op_label(stuck['op'])}"
-                if isinstance(needed, (int, float)) and isinstance(available, (int, float)):
-                    where += f", which needs {format_bytes(needed)} with {format_bytes(available)} available"
-            raise InfeasiblePlanError(
-                f"the plan of planner {plan.planner!r} is infeasible: the simulator found it cannot run under its "
-                f"limit of {format_bytes(plan.memory_limit)}{where}; re-plan with a higher limit, or pass "
-                "allow_infeasible=True to follow it anyway")
+        _check_feasible(trace, plan, check_plan, allow_infeasible)
         if plan.schedule is None:
             raise ValueError(f"the plan of planner {plan.planner!r} has no schedule (a version 1 file, or made "
                              "without the simulator): the runtime follows a schedule and makes none; "
@@ -255,16 +237,7 @@ class PlannedExecution:
 
             # Where the simulation frees each swapped tensor's bytes (_Iteration.enforce_releases)
             with_releases(self.index, swap_out_releases(trace, plan))
-        # Per pack: dtype and shape (None: unknown) and the storage's bytes, ``below < nbytes <= size``.
-        # A trace recorded on CUDA stores sizes in the allocator's 512-byte blocks, one recorded on the
-        # CPU or meta the storage's own bytes, compared exactly.
-        exact = trace.meta.get("device") in ("cpu", "meta")
-        sizes = (trace.tensor_nbytes[trace.saved] if exact else self.index.saved_sizes).tolist()
-        dtypes = {d: getattr(torch, d) for d, _ in trace.saved_signatures
-                  if d is not None and isinstance(getattr(torch, d, None), torch.dtype)}
-        self.expected: list[tuple[torch.dtype | None, tuple[int, ...] | None, int, int]] = [
-            (dtypes.get(d) if d is not None else None, shape, int(size), int(size) - (1 if exact else SIZE_QUANTUM))
-            for (d, shape), size in zip(trace.saved_signatures, sizes)]
+        self.expected = _expected_packs(trace, self.index)
         # Per pack, the autograd node that made the saved tensor (None: the trace does not say).
         nodes = trace.saved_nodes
         self.expected_nodes: list[str | None] | None = nodes if any(n is not None for n in nodes) else None
@@ -385,6 +358,46 @@ class PlannedExecution:
             "iterations": self.iterations,
             "last": self.stats.as_dict() if self.stats else None,
         }
+
+
+
+def _check_feasible(trace: Trace, plan: Plan, check_plan: bool, allow_infeasible: bool) -> None:
+    """Refuse, in one line naming where it runs out, a plan the simulator finds cannot run under its
+    limit (its file's figures are not trusted with ``check_plan``), unless ``allow_infeasible``."""
+    verdict = plan.figures
+    if check_plan:
+        plan.check_trace(trace)
+        # A plan's figures and schedule are what its file says; the simulator says what they are.
+        from ..simulator import verify_plan
+
+        verdict = verify_plan(trace, plan).figures()
+    if verdict.get("feasible") is False and not allow_infeasible:
+        stuck = verdict.get("infeasible")
+        where = ""
+        if isinstance(stuck, dict) and isinstance(stuck.get("op"), int) and 0 <= stuck["op"] < trace.n_ops:
+            needed, available = stuck.get("needed"), stuck.get("available")
+            where = f" at {trace.op_label(stuck['op'])}"
+            if isinstance(needed, (int, float)) and isinstance(available, (int, float)):
+                where += f", which needs {format_bytes(needed)} with {format_bytes(available)} available"
+        raise InfeasiblePlanError(
+            f"the plan of planner {plan.planner!r} is infeasible: the simulator found it cannot run under its "
+            f"limit of {format_bytes(plan.memory_limit)}{where}; re-plan with a higher limit, or pass "
+            "allow_infeasible=True to follow it anyway")
+
+
+def _expected_packs(trace: Trace, index: PlanIndex
+                    ) -> list[tuple[torch.dtype | None, tuple[int, ...] | None, int, int]]:
+    """Per pack of the trace, what the live check expects: dtype and shape (None: unknown) and the
+    storage's bytes, ``below < nbytes <= size``."""
+    # A trace recorded on CUDA stores sizes in the allocator's 512-byte blocks, one recorded on the
+    # CPU or meta the storage's own bytes, compared exactly.
+    exact = trace.meta.get("device") in ("cpu", "meta")
+    sizes = (trace.tensor_nbytes[trace.saved] if exact else index.saved_sizes).tolist()
+    dtypes = {d: getattr(torch, d) for d, _ in trace.saved_signatures
+              if d is not None and isinstance(getattr(torch, d, None), torch.dtype)}
+    return [
+        (dtypes.get(d) if d is not None else None, shape, int(size), int(size) - (1 if exact else SIZE_QUANTUM))
+        for (d, shape), size in zip(trace.saved_signatures, sizes)]
 
 
 def prefetch_positions(trace: Trace, plan: Plan) -> dict[int, int]:
