@@ -115,9 +115,7 @@ class TraceChecks:
         mallocs = np.bincount(tensor[is_malloc], minlength=n_t)
         frees = np.bincount(tensor[is_free], minlength=n_t)
 
-        def first_of(mask: np.ndarray) -> int:
-            return int(np.flatnonzero(mask)[0])
-
+        first_of = _first_of
         wrong = mallocs != (alloc >= 0)
         if wrong.any():
             t = first_of(wrong)
@@ -146,6 +144,13 @@ class TraceChecks:
             e = first_of(wrong)
             raise bad(f"tensor {int(tensor[e])}'s free event is at op {int(op[e])} but its freeing op is "
                       f"{int(free[tensor[e]])}")
+        self._validate_packs(bad, _first_of)
+        self._validate_totals(bad)
+
+    def _validate_packs(self, bad: Any, first_of: Any) -> None:
+        """Nothing saved for backward outlives the iteration unless its loop holds it, phases run in
+        order, packs happen in forward, and every saved index is where the saved table says."""
+        n_t, alloc, free = self.n_tensors, self.tensor_alloc_op, self.tensor_free_op
         roles = self.tensor_role
         # A saved activation the training loop still holds when the iteration ends (the output object
         # kept past ``optimizer.step()``: ``tensor_held_op`` is the last op) outlives it; no plan moves it.
@@ -176,8 +181,12 @@ class TraceChecks:
             t = first_of(wrong)
             raise bad(f"tensor {t}'s saved index is {int(index[t])} but the saved table puts it at "
                       f"{int(expected[t])} (-1: never saved)")
-        # Totals: every tensor alive at once, and the whole iteration's time, stay within bounds,
-        # so no sum of them overflows and no plan is made for a machine that cannot exist.
+
+    def _validate_totals(self, bad: Any) -> None:
+        """Every tensor alive at once, and the whole iteration's time, stay within bounds, so no sum of
+        them overflows and no plan is made for a machine that cannot exist."""
+        kind, tensor, alloc = self.event_kind, self.event_tensor, self.tensor_alloc_op
+        is_malloc, is_free = kind == EventKind.MALLOC, kind == EventKind.FREE
         size = self.tensor_nbytes.astype(np.float64)
         if size.sum() + float(self.op_scratch.max(initial=0)) > MAX_BYTES:
             # Sums in float: the int64 ones of op_memory could overflow on a file that says too much.
@@ -220,3 +229,8 @@ class TraceChecks:
                 raise bad(f"metadata profile {name!r} disagrees with its profile_params ({profile.name!r})")
             if params is None and name not in PROFILES:
                 raise bad(f"metadata profile {name!r} is unknown and has no profile_params")
+
+
+def _first_of(mask: np.ndarray) -> int:
+    """The first index where ``mask`` holds."""
+    return int(np.flatnonzero(mask)[0])
