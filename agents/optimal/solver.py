@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import sparse
@@ -151,21 +152,10 @@ _STATUS = {  # HiGHS model status -> scipy.optimize.milp's status code
 }
 
 
-def solve(prog: SwapProgram, *, time_limit: float, gap: float,
-          on_progress: Callable[[Progress], None] | None = None,
-          lb: np.ndarray | None = None, ub: np.ndarray | None = None,
-          starts: Iterable[Sequence[object]] = (), wall_limit: float | None = None) -> Outcome:
-    """Solve ``prog`` (optionally with the variable bounds ``lb``, ``ub``) within ``time_limit`` CPU seconds.
-
-    ``gap`` is HiGHS's relative optimality tolerance (``mip_rel_gap``); ``wall_limit`` an optional
-    limit on wall-clock seconds (HiGHS's own ``time_limit``).  ``starts`` are plans (action
-    sets) given to HiGHS as starting solutions, best first.  ``on_progress`` receives the
-    incumbent and the bound about every :data:`PROGRESS_EVERY` CPU seconds.  Nothing the
-    solver writes reaches file descriptors 1 or 2 (:func:`silenced`).
-    """
+def _highs_model(prog: SwapProgram, lo_x: np.ndarray, hi_x: np.ndarray) -> Any:
+    """``prog`` as HiGHS's own model (``HighsLp``): costs, bounds ``lo_x``/``hi_x``, rows and the
+    column-wise matrix, and which variables are binary."""
     h = _highs
-    lo_x = prog.lb if lb is None else lb
-    hi_x = prog.ub if ub is None else ub
     A = sparse.csc_array(prog.A)
     lp = h.HighsLp()
     lp.num_col_, lp.num_row_ = len(prog.c), A.shape[0]
@@ -180,7 +170,23 @@ def solve(prog: SwapProgram, *, time_limit: float, gap: float,
     lp.a_matrix_.value_ = A.data.astype(np.float64)
     if len(prog.integrality):
         lp.integrality_ = [h.HighsVarType(int(i)) for i in prog.integrality]
+    return lp
 
+
+def solve(prog: SwapProgram, *, time_limit: float, gap: float,
+          on_progress: Callable[[Progress], None] | None = None,
+          lb: np.ndarray | None = None, ub: np.ndarray | None = None,
+          starts: Iterable[Sequence[object]] = (), wall_limit: float | None = None) -> Outcome:
+    """Solve ``prog`` (optionally with the variable bounds ``lb``, ``ub``) within ``time_limit`` CPU seconds.
+
+    ``gap`` is HiGHS's relative optimality tolerance (``mip_rel_gap``); ``wall_limit`` an optional
+    limit on wall-clock seconds (HiGHS's own ``time_limit``).  ``starts`` are plans (action
+    sets) given to HiGHS as starting solutions, best first.  ``on_progress`` receives the
+    incumbent and the bound about every :data:`PROGRESS_EVERY` CPU seconds.  Nothing the
+    solver writes reaches file descriptors 1 or 2 (:func:`silenced`).
+    """
+    h = _highs
+    lp = _highs_model(prog, prog.lb if lb is None else lb, prog.ub if ub is None else ub)
     queue = [start_values(prog, plan) for plan in starts]
     given = len(queue)
     cpu_limit = max(float(time_limit), 0.0)
