@@ -121,6 +121,32 @@ def _memory_cap(device: torch.device, budget: int | None) -> Iterator[None]:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
+def _method(method: str, model: nn.Module, plan: Plan | None, trace: Trace | None, device: torch.device,
+            expandable_segments: bool) -> tuple[PlannedExecution | None, Callable[[], Any]]:
+    """``method`` applied to ``model``: the runtime of a planned one (else None) and the context each
+    step's forward and backward run in."""
+    runtime: PlannedExecution | None = None
+    if method == "planned":
+        if plan is None or trace is None:
+            raise ValueError("method 'planned' needs a plan and its trace")
+        runtime = PlannedExecution(model, plan, trace, device=device, expandable_segments=expandable_segments)
+    elif method == "torch-checkpoint":
+        checkpoint_blocks(model)
+    elif method in RENAMED_METHODS:
+        raise ValueError(f"the method {method!r} is now called {RENAMED_METHODS[method]!r}")
+    elif method not in ("unplanned", "save_on_cpu"):
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+    def context() -> Any:
+        if runtime is not None:
+            return runtime
+        if method == "save_on_cpu":
+            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+        return nullcontext()
+
+    return runtime, context
+
+
 def train_steps(model_name: str, batch_size: int, method: str, steps: int, device: torch.device, *,
                 plan: Plan | None = None, trace: Trace | None = None, seed: int = 0, warmup: int = 1,
                 budget: int | None = None, expandable_segments: bool = True,
@@ -146,25 +172,7 @@ def train_steps(model_name: str, batch_size: int, method: str, steps: int, devic
         raise ValueError(f"{model_name} has no backward pass to plan")
     model, inputs, loss_fn = w.model, w.example_inputs, w.loss_fn
     opt = w.make_optimizer(model.parameters())
-    runtime: PlannedExecution | None = None
-    if method == "planned":
-        if plan is None or trace is None:
-            raise ValueError("method 'planned' needs a plan and its trace")
-        runtime = PlannedExecution(model, plan, trace, device=device, expandable_segments=expandable_segments)
-    elif method == "torch-checkpoint":
-        checkpoint_blocks(model)
-    elif method in RENAMED_METHODS:
-        raise ValueError(f"the method {method!r} is now called {RENAMED_METHODS[method]!r}")
-    elif method not in ("unplanned", "save_on_cpu"):
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-
-    def context() -> Any:
-        if runtime is not None:
-            return runtime
-        if method == "save_on_cpu":
-            return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
-        return nullcontext()
-
+    runtime, context = _method(method, model, plan, trace, device, expandable_segments)
     torch.manual_seed(seed + 1)
     losses: list[float] = []
     times: list[float] = []
