@@ -331,55 +331,13 @@ class LoopRecording:
         state.kind = "abandoned"
 
     def _finish_recording(self) -> None:
+        """The recorded step as a trace, then as a plan: a new variant of its signature, one found
+        again, or a bucket's envelope grown (planned inline or in the background)."""
         rec, self._pending = self._pending, None
         assert rec is not None
-        recorder = rec.recorder
-        peak = None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            # The recorder resets the peak statistics at every op (scratch); it keeps their maximum.
-            peak = max(int(recorder.iteration_peak), int(torch.cuda.max_memory_allocated(self.device))) \
-                - rec.start_bytes
-        _end_iteration(recorder, self.model, self.optimizer)
-        outputs = [t for t in (r() for r in rec.outputs) if t is not None]
-        carried = carry_held_outputs(recorder, rec.forward_end, outputs)
-        del outputs
-        self._close(rec)
-        _end_scratch(recorder, rec.timeline)
-        if rec.timeline is not None:
-            peak = (rec.timeline.between(_RECORDING, _RECORDED)[1] if _RECORDED in rec.timeline.marks
-                    else int(rec.timeline.peak))
-        if peak is not None:
-            self.record_peaks[rec.key] = peak
-        meta = {"device": self.device.type, "profile": self.profile.name, "profile_params": self.profile.to_dict(),
-                "recorded_iterations": 1, "scratch": "measured", "recorded_by": "autoplan",
-                "model": type(self.model).__name__, "signature": rec.description,
-                "torch": torch.__version__}
-        if rec.batch_size is not None:
-            meta["batch_size"] = rec.batch_size
-        if carried:
-            meta["held_outputs_bytes"] = carried
-        if recorder.unannotated:
-            meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
-        try:
-            trace = recorder.b.build(meta)
-        except ValueError as e:
-            # Training goes on: safe mode holds any limit a plan can meet without a trace.
-            self._safe_only.add(rec.key)
-            self._note(f"the recorded step of {rec.description} could not be made a trace ({e}): its steps run in "
-                       "safe mode from now on (saved activations on the host: under any limit a plan can meet, "
-                       "slower by the copies); dqn_swap.record_trace on the same model and batch names the op")
+        trace = self._recorded_trace(rec)
+        if trace is None:
             return
-        # On a GPU, what the device held beside the step's own state as it began (cuBLAS's workspaces,
-        # the caller's tensors): a limit in bytes is the device's, these bytes come off it
-        # (Trace.outside_bytes, MemoryLimit.resolve).
-        outside = {"outside_bytes": max(0, int(rec.start_bytes) - trace.initial_bytes)} if self.device.type == "cuda" \
-            else {}
-        trace = trace.with_durations(self.profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
-                                     timing="roofline", **outside)
-        if trace.n_ops == 0 or not len(trace.saved):
-            raise AutoPlanError("the step recorded no op that saves anything for backward: call the model and "
-                                "loss.backward() inside `with planned.step():`")
         variants = self.variants.setdefault(rec.key, [])
         tries = self._record_next.pop(rec.key, 1) - 1
         self._recordings[rec.key] = self._recordings.get(rec.key, 0) + 1
@@ -422,6 +380,58 @@ class LoopRecording:
             if self.cache is not None:
                 self._save_entry(entry, self.cache)
         self._plan_then(rec.key, trace, rec.description, new_variant)
+
+    def _recorded_trace(self, rec: _Recording) -> Trace | None:
+        """The trace of the step ``rec`` recorded, its peak noted; None where the step cannot be one
+        (its signature then runs in safe mode, said in the log)."""
+        recorder = rec.recorder
+        peak = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            # The recorder resets the peak statistics at every op (scratch); it keeps their maximum.
+            peak = max(int(recorder.iteration_peak), int(torch.cuda.max_memory_allocated(self.device))) \
+                - rec.start_bytes
+        _end_iteration(recorder, self.model, self.optimizer)
+        outputs = [t for t in (r() for r in rec.outputs) if t is not None]
+        carried = carry_held_outputs(recorder, rec.forward_end, outputs)
+        del outputs
+        self._close(rec)
+        _end_scratch(recorder, rec.timeline)
+        if rec.timeline is not None:
+            peak = (rec.timeline.between(_RECORDING, _RECORDED)[1] if _RECORDED in rec.timeline.marks
+                    else int(rec.timeline.peak))
+        if peak is not None:
+            self.record_peaks[rec.key] = peak
+        meta = {"device": self.device.type, "profile": self.profile.name, "profile_params": self.profile.to_dict(),
+                "recorded_iterations": 1, "scratch": "measured", "recorded_by": "autoplan",
+                "model": type(self.model).__name__, "signature": rec.description,
+                "torch": torch.__version__}
+        if rec.batch_size is not None:
+            meta["batch_size"] = rec.batch_size
+        if carried:
+            meta["held_outputs_bytes"] = carried
+        if recorder.unannotated:
+            meta["unannotated_writes"] = {k: sorted(v) for k, v in sorted(recorder.unannotated.items())}
+        try:
+            trace = recorder.b.build(meta)
+        except ValueError as e:
+            # Training goes on: safe mode holds any limit a plan can meet without a trace.
+            self._safe_only.add(rec.key)
+            self._note(f"the recorded step of {rec.description} could not be made a trace ({e}): its steps run in "
+                       "safe mode from now on (saved activations on the host: under any limit a plan can meet, "
+                       "slower by the copies); dqn_swap.record_trace on the same model and batch names the op")
+            return None
+        # On a GPU, what the device held beside the step's own state as it began (cuBLAS's workspaces,
+        # the caller's tensors): a limit in bytes is the device's, these bytes come off it
+        # (Trace.outside_bytes, MemoryLimit.resolve).
+        outside = {"outside_bytes": max(0, int(rec.start_bytes) - trace.initial_bytes)} if self.device.type == "cuda" \
+            else {}
+        trace = trace.with_durations(self.profile.compute_time(trace.op_flops, trace.op_bytes, trace.op_flops > 0),
+                                     timing="roofline", **outside)
+        if trace.n_ops == 0 or not len(trace.saved):
+            raise AutoPlanError("the step recorded no op that saves anything for backward: call the model and "
+                                "loss.backward() inside `with planned.step():`")
+        return trace
 
     def _grow(self, variants: list[Entry], trace: Trace, rec: _Recording) -> str | None:
         """``shapes="bucket"``: a recording of a variant's structure on other sizes is covered by the
