@@ -298,11 +298,7 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
         prediction, per-method measurements, and the comparison figures.
     """
     say = progress or (lambda _msg: None)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but no CUDA GPU is available")
-    if dev.type == "cuda" and expandable_segments:
-        enable_expandable_segments()  # before the first allocation of the run
+    dev = _device(device, expandable_segments)
     prof = _profile(profile, dev)
     report: dict[str, Any] = {"model": model_name, "batch_size": batch_size, "device": str(dev),
                               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
@@ -311,17 +307,10 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
     if trace is None:
         say(f"recording {model_name} at batch {batch_size} on {dev}")
         trace = record(model_name, batch_size, dev, prof, seed)
-    if plan is not None:
-        from ..simulator import schedule_plan
-
+    if plan is not None:  # a saved plan, for this trace, with the simulator's schedule
         plan.check_trace(trace, plan_source)
-        plan = schedule_plan(trace, plan)
-    report["trace"] = {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
-                       "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes,
-                       "outside_bytes": trace.outside_bytes,
-                       **({"outside_blocks": trace.meta["outside_blocks"]} if trace.meta.get("outside_blocks") else {}),
-                       **({"max_memory_allocated": int(trace.meta["max_memory_allocated"])}
-                          if "max_memory_allocated" in trace.meta else {})}
+        plan = _schedule_plan(trace, plan)
+    report["trace"] = _trace_figures(trace)
     results: dict[str, Any] = {}
     if "unplanned" in methods:
         say("training unplanned")
@@ -329,18 +318,41 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
                                            cpu_baseline=trace.initial_bytes)
     base = results.get("unplanned", {})
     unplanned_peak = int(base.get("peak_allocated") or trace.meta.get("max_memory_allocated") or trace.peak_bytes)
-    # the plan's own bytes: a saved plan's are already resolved (its memory_limit), and resolving them again
-    # as a size of the device would take the device's outside bytes off a second time
-    limit = int(plan.memory_limit) if plan is not None else _resolve_limit(memory_limit, trace, unplanned_peak)
     report["unplanned_peak_bytes"] = unplanned_peak
     report["unplanned_peak_source"] = "measured" if base.get("peak_allocated") else "trace"
-    # the device's limit, which the measured peaks are held to: the plan's bytes and what the device
-    # held outside the recorded iteration (Trace.outside_bytes)
-    report["memory_limit"] = limit + trace.outside_bytes
-    report["memory_limit_spec"] = str(memory_limit)
-    if limit < trace.minimum_memory:
-        say(f"the limit, {limit} bytes, is below the least memory any plan needs for this trace "
-            f"({trace.minimum_memory} bytes): the plan cannot fit it")
+    limit = _plan_limit(report, plan, memory_limit, trace, unplanned_peak, say)
+    plan = _planned(report, plan, trace, limit, planner, prof, agent, say)
+    predicted = simulate_plan(trace, plan)
+    report["simulator"] = predicted
+    for method in (m for m in methods if m != "unplanned"):
+        say(f"training {method}")
+        results[method] = train_steps(model_name, batch_size, method, steps, dev, plan=plan, trace=trace, seed=seed,
+                                      warmup=warmup, expandable_segments=expandable_segments,
+                                      cpu_baseline=trace.initial_bytes)
+    report["methods"] = results
+    report["comparison"] = compare(results, predicted, limit, trace, timed=dev.type == "cuda")
+    if max_batch_methods:
+        # device bytes, as the probes measure them
+        budget_b = _resolve_limit(budget if budget is not None else report["memory_limit"], trace, unplanned_peak,
+                                  check_minimum=False) + trace.outside_bytes
+        report["largest_batch"] = {"budget": budget_b}
+        for method in max_batch_methods:
+            say(f"largest batch under {budget_b} bytes with {method}")
+            report["largest_batch"][method] = largest_batch(model_name, budget_b, method, dev, planner=planner,
+                                                            profile=prof, seed=seed, agent=agent)
+    return report
+
+
+def _schedule_plan(trace: Trace, plan: Plan) -> Plan:
+    """A saved plan with the simulator's schedule (a version 1 file, or one made by hand, has none)."""
+    from ..simulator import schedule_plan
+
+    return schedule_plan(trace, plan)
+
+
+def _planned(report: dict[str, Any], plan: Plan | None, trace: Trace, limit: int, planner: str, prof: DeviceProfile,
+             agent: str | None, say: Callable[[str], None]) -> Plan:
+    """``plan``, or one made now by ``planner`` (its seconds in ``report``); what it is, in ``report``."""
     if plan is None:
         say(f"planning with {planner} for {limit} bytes")
         t0 = time.perf_counter()
@@ -348,28 +360,43 @@ def run_planned_training(model_name: str, batch_size: int, memory_limit: LimitSp
         report["plan_seconds"] = time.perf_counter() - t0
     report["plan"] = {"planner": plan.planner, "swaps": plan.n_swap, "recomputes": plan.n_recompute,
                       "memory_limit": plan.memory_limit, "figures": plan.figures}
-    predicted = simulate_plan(trace, plan)
-    report["simulator"] = predicted
-    for method in methods:
-        if method == "unplanned":
-            continue
-        say(f"training {method}")
-        results[method] = train_steps(model_name, batch_size, method, steps, dev, plan=plan, trace=trace,
-                                      seed=seed, warmup=warmup, expandable_segments=expandable_segments,
-                                      cpu_baseline=trace.initial_bytes)
-    report["methods"] = results
-    report["comparison"] = compare(results, predicted, limit, trace, timed=dev.type == "cuda")
-    if max_batch_methods:
-        if budget is None:
-            budget = report["memory_limit"]
-        # device bytes, as the probes measure them
-        budget_b = _resolve_limit(budget, trace, unplanned_peak, check_minimum=False) + trace.outside_bytes
-        report["largest_batch"] = {"budget": budget_b}
-        for method in max_batch_methods:
-            say(f"largest batch under {budget_b} bytes with {method}")
-            report["largest_batch"][method] = largest_batch(model_name, budget_b, method, dev, planner=planner,
-                                                            profile=prof, seed=seed, agent=agent)
-    return report
+    return plan
+
+
+def _plan_limit(report: dict[str, Any], plan: Plan | None, memory_limit: LimitSpec, trace: Trace,
+                unplanned_peak: int, say: Callable[[str], None]) -> int:
+    """The plan's own bytes, and in ``report`` the device's limit the measured peaks are held to (those
+    bytes and what the device held outside the recorded iteration, :attr:`Trace.outside_bytes`)."""
+    # a saved plan's bytes are resolved already (its memory_limit): resolving them again as a size of
+    # the device would take the device's outside bytes off a second time
+    limit = int(plan.memory_limit) if plan is not None else _resolve_limit(memory_limit, trace, unplanned_peak)
+    report["memory_limit"] = limit + trace.outside_bytes
+    report["memory_limit_spec"] = str(memory_limit)
+    if limit < trace.minimum_memory:
+        say(f"the limit, {limit} bytes, is below the least memory any plan needs for this trace "
+            f"({trace.minimum_memory} bytes): the plan cannot fit it")
+    return limit
+
+
+def _device(device: str | torch.device | None, expandable_segments: bool) -> torch.device:
+    """The run's device (CUDA where there is one, by default), with the allocator's expandable
+    segments turned on before its first allocation where asked."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but no CUDA GPU is available")
+    if dev.type == "cuda" and expandable_segments:
+        enable_expandable_segments()
+    return dev
+
+
+def _trace_figures(trace: Trace) -> dict[str, Any]:
+    """What the report says of the recorded trace."""
+    return {"fingerprint": trace.fingerprint, "peak_bytes": trace.peak_bytes, "ops": trace.n_ops,
+            "minimum_memory": trace.minimum_memory, "saved_activation_bytes": trace.saved_bytes,
+            "outside_bytes": trace.outside_bytes,
+            **({"outside_blocks": trace.meta["outside_blocks"]} if trace.meta.get("outside_blocks") else {}),
+            **({"max_memory_allocated": int(trace.meta["max_memory_allocated"])}
+               if "max_memory_allocated" in trace.meta else {})}
 
 
 def compare(results: dict[str, Any], predicted: dict[str, Any] | None, limit: int, trace: Trace,
