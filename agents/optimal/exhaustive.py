@@ -106,15 +106,24 @@ def random_trace(rng: random.Random, shape: str) -> Trace:
     gradient and its saved tensors and frees them; a node of two ops unpacks its
     saved tensors before its first op although only its second reads one.
     """
+    b = TraceBuilder()
+    w = b.tensor(1000, Role.PARAMETER, preexisting=True)
+    acts, saved_by, packs = _random_forward(rng, shape, b, w)
+    _random_backward(rng, shape, b, w, acts, saved_by, packs)
+    return b.build()
+
+
+
+def _random_forward(rng: random.Random, shape: str, b: TraceBuilder, w: int
+                    ) -> tuple[list[int], list[list[int]], list[int]]:
+    """:func:`random_trace`'s forward pass into ``b`` (``w``: the weight every op reads): the forward
+    values in order, the packs each op saved, and every pack."""
     chain = shape == "chain"
     skips = shape in ("skips", "mixed")
     scratch = shape in ("scratch", "mixed")
     outputs = shape in ("outputs", "mixed")
-    shuffled = shape in ("out_of_order", "mixed")
     rec_chain = shape in ("recompute_chain", "mixed")
     n = rng.randint(3, 5)
-    b = TraceBuilder()
-    w = b.tensor(1000, Role.PARAMETER, preexisting=True)
     buf = b.tensor(1000, Role.PARAMETER, preexisting=True)  # written in place by ops that cannot be re-run
     x0 = b.tensor(_sizes(rng), Role.INPUT, preexisting=True)
     acts = [x0]  # forward values, in order
@@ -151,6 +160,13 @@ def random_trace(rng: random.Random, shape: str) -> Trace:
     for t, reader in temps.items():
         if reader >= n:
             b.free(t)
+    return acts, saved_by, packs
+
+
+def _random_backward(rng: random.Random, shape: str, b: TraceBuilder, w: int, acts: list[int],
+                     saved_by: list[list[int]], packs: list[int]) -> None:
+    """:func:`random_trace`'s backward pass into ``b``: one node per forward op that saved something."""
+    shuffled = shape in ("out_of_order", "mixed")
     g = b.tensor(1000, Role.TEMPORARY)
     last = [p for p in saved_by[-1]]
     loss_reads = [b.saved[p] for p in last] or [acts[-1]]
@@ -178,8 +194,6 @@ def random_trace(rng: random.Random, shape: str) -> Trace:
         alive.difference_update(tensors)
         g = g2
     b.free(g)
-    return b.build()
-
 
 def random_case(rng: random.Random, shape: str | None = None, max_plans: int = 2000,
                 ) -> tuple[str, Trace, int, DeviceProfile]:
