@@ -225,100 +225,117 @@ def polish(sim: Simulator, actions: list[Action] | tuple[Action, ...], *, max_ro
     Returns:
         :class:`PolishResult`; its ``result.makespan`` is at most the input plan's.
     """
-    t0 = time.perf_counter()
-    current = list(actions)
-    start = best = sim.run(current)
-    if not best.feasible:
-        raise ValueError("polish needs a plan that fits the limit")
-    by_tensor = valid_actions_by_tensor(sim)
-    lo, hi = window_of(sim)
-    nbytes = sim.trace.tensor_nbytes.astype(np.int64).tolist()
-    test = NeedTest(sim, lo, hi, nbytes)
-    test.reset(current, best)
-    op_of = sim.trace.event_op
-    counts = {"drop": 0, "flip": 0, "move": 0}
-    sims = rejected = last_improvement = 0
-    stopped = "converged"
-    budget = default_simulations(sim.trace.n_events) if max_simulations is None else int(max_simulations)
-    # No plan is faster than the lower bound (the compute alone, or more): a plan that reaches it is
-    # optimal, and the search, which keeps only strictly faster plans, has nothing left to find.
-    optimal = sim.lower_bound * (1 + 1e-12)
+    search = _Search(sim, actions, max_simulations, max_seconds, patience, progress, label, deadline, screen)
+    for _ in range(max_rounds):
+        if search.out_of_time() or not (search.one_pass(wide=False) or search.one_pass(wide=True)):
+            break
+    else:
+        search.stopped = "rounds"
+    if progress is not None:
+        progress(search.report)
+    return search.result()
 
-    def out_of_time() -> bool:
-        nonlocal stopped
-        if best.makespan <= optimal:
-            stopped = "lower bound"
-        elif sims >= budget:
-            stopped = "simulations"
-        elif ((max_seconds is not None and time.perf_counter() - t0 > max_seconds)
-              or (deadline is not None and deadline())):
-            stopped = "time"
+
+class _Search:
+    """The state of one :func:`polish`: the plan so far and its simulation, the budget spent, and
+    why the search stopped."""
+
+    def __init__(self, sim: Simulator, actions: list[Action] | tuple[Action, ...], max_simulations: int | None,
+                 max_seconds: float | None, patience: int | None, progress: Progress | None, label: str,
+                 deadline: Callable[[], bool] | None, screen: bool) -> None:
+        self.t0 = time.perf_counter()
+        self.sim, self.max_seconds, self.patience, self.progress, self.label = sim, max_seconds, patience, progress, label
+        self.deadline, self.screen = deadline, screen
+        self.current = list(actions)
+        self.start = self.best = sim.run(self.current)
+        if not self.best.feasible:
+            raise ValueError("polish needs a plan that fits the limit")
+        self.by_tensor = valid_actions_by_tensor(sim)
+        self.lo, self.hi = window_of(sim)
+        self.test = NeedTest(sim, self.lo, self.hi, sim.trace.tensor_nbytes.astype(np.int64).tolist())
+        self.test.reset(self.current, self.best)
+        self.op_of = sim.trace.event_op
+        self.counts = {"drop": 0, "flip": 0, "move": 0}
+        self.sims = self.rejected = self.last_improvement = 0
+        self.stopped = "converged"
+        self.budget = default_simulations(sim.trace.n_events) if max_simulations is None else int(max_simulations)
+        # No plan is faster than the lower bound (the compute alone, or more): a plan that reaches it is
+        # optimal, and the search, which keeps only strictly faster plans, has nothing left to find.
+        self.optimal = sim.lower_bound * (1 + 1e-12)
+
+    def out_of_time(self) -> bool:
+        if self.best.makespan <= self.optimal:
+            self.stopped = "lower bound"
+        elif self.sims >= self.budget:
+            self.stopped = "simulations"
+        elif ((self.max_seconds is not None and time.perf_counter() - self.t0 > self.max_seconds)
+              or (self.deadline is not None and self.deadline())):
+            self.stopped = "time"
         else:
             return False
         return True
 
-    def report() -> str:
-        gain = best.makespan / start.makespan - 1
-        return (f"{label}, {sims:,} simulations ({rejected:,} trials rejected unsimulated), "
-                f"best {best.makespan:.4g} s ({100 * gain:+.1f} %)")
+    def report(self) -> str:
+        gain = self.best.makespan / self.start.makespan - 1
+        return (f"{self.label}, {self.sims:,} simulations ({self.rejected:,} trials rejected unsimulated), "
+                f"best {self.best.makespan:.4g} s ({100 * gain:+.1f} %)")
 
-    def same(a: Action, b: Action) -> bool:
+    def same(self, a: Action, b: Action) -> bool:
         """Whether ``b`` acts exactly as ``a`` does: same tensor and kind, from the same op to the
         same next use (another event of the same op)."""
-        return (a.kind == b.kind and op_of[a.event] == op_of[b.event] and lo[a.event] == lo[b.event]
+        lo, hi = self.lo, self.hi
+        return (a.kind == b.kind and self.op_of[a.event] == self.op_of[b.event] and lo[a.event] == lo[b.event]
                 and hi[a.event] == hi[b.event])
 
-    def one_pass(wide: bool) -> bool:
+    def trials(self, action: Action, rest: list[Action], wide: bool) -> Iterator[tuple[str, Action | None]]:
+        """The moves tried for ``action``: ``wide``, the replacements by another tensor's actions;
+        else dropping it, flipping its kind, and shifting it to another of its tensor's events."""
+        if wide:
+            used = {a.tensor for a in rest}
+            return (("move", b) for t, acts in self.by_tensor.items() if t not in used and t != action.tensor
+                    for b in acts)
+        flip = Action(action.event, action.tensor, ActionKind(1 - int(action.kind)))
+        shifts = [("move", b) for b in self.by_tensor.get(action.tensor, [])
+                  if b.kind == action.kind and b != action and not self.same(action, b)]
+        return iter([("drop", None), ("flip", flip), *shifts])
+
+    def one_pass(self, wide: bool) -> bool:
         """One pass over the plan's actions; ``wide``: the replacement moves, else the other three."""
-        nonlocal current, best, sims, rejected, last_improvement
         improved = False
         idle = 0  # simulated trials since the last improvement in this pass
-        for action in list(current):
-            if out_of_time() or (patience is not None and idle >= patience):
+        patience = self.patience
+        for action in list(self.current):
+            if self.out_of_time() or (patience is not None and idle >= patience):
                 break
-            if action not in current:
+            if action not in self.current:
                 continue
-            rest = [a for a in current if a != action]
-            hot_lo, hot_hi, excess = test.without(rest, action)
-            trials: Iterator[tuple[str, Action | None]]
-            if wide:
-                used = {a.tensor for a in rest}
-                trials = (("move", b) for t, acts in by_tensor.items() if t not in used and t != action.tensor
-                          for b in acts)
-            else:
-                flip = Action(action.event, action.tensor, ActionKind(1 - int(action.kind)))
-                shifts = [("move", b) for b in by_tensor.get(action.tensor, [])
-                          if b.kind == action.kind and b != action and not same(action, b)]
-                trials = iter([("drop", None), ("flip", flip), *shifts])
-            for move, added in trials:
-                if out_of_time() or (patience is not None and idle >= patience):
+            rest = [a for a in self.current if a != action]
+            hot_lo, hot_hi, excess = self.test.without(rest, action)
+            for move, added in self.trials(action, rest, wide):
+                if self.out_of_time() or (patience is not None and idle >= patience):
                     break
                 trial = rest if added is None else rest + [added]
-                if progress is not None:
-                    progress(report)
-                if screen and not test.fits(trial, added, hot_lo, hot_hi, excess):
-                    rejected += 1
+                if self.progress is not None:
+                    self.progress(self.report)
+                if self.screen and not self.test.fits(trial, added, hot_lo, hot_hi, excess):
+                    self.rejected += 1
                     continue
-                sims += 1
+                self.sims += 1
                 idle += 1
-                res = _try(sim, trial)
-                if res is not None and res.feasible and res.makespan < best.makespan * (1 - 1e-12):
-                    current, best, improved = trial, res, True
-                    test.reset(current, best)
-                    counts[move] += 1
-                    last_improvement, idle = sims, 0
+                res = _try(self.sim, trial)
+                if res is not None and res.feasible and res.makespan < self.best.makespan * (1 - 1e-12):
+                    self.current, self.best, improved = trial, res, True
+                    self.test.reset(self.current, self.best)
+                    self.counts[move] += 1
+                    self.last_improvement, idle = self.sims, 0
                     break
         return improved
 
-    for _ in range(max_rounds):
-        if out_of_time() or not (one_pass(wide=False) or one_pass(wide=True)):
-            break
-    else:
-        stopped = "rounds"
-    if progress is not None:
-        progress(report)
-    return PolishResult(tuple(sorted(current)), best, counts["drop"], counts["flip"], counts["move"], sims,
-                        time.perf_counter() - t0, test.checks, rejected, last_improvement, stopped)
+    def result(self) -> PolishResult:
+        c = self.counts
+        return PolishResult(tuple(sorted(self.current)), self.best, c["drop"], c["flip"], c["move"], self.sims,
+                            time.perf_counter() - self.t0, self.test.checks, self.rejected, self.last_improvement,
+                            self.stopped)
 
 
 __all__ = ["EVENT_BUDGET", "NeedTest", "PolishResult", "add_window", "default_simulations", "polish",
