@@ -108,44 +108,39 @@ def test_autoplan_takes_a_planner_object() -> None:
     assert planner.calls == 1 and summary["planner"] == "mine"
 
 
-def test_the_command_line_takes_a_planner_of_the_current_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+@pytest.fixture
+def planners_folder(tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201
+    """The current folder holds ``my_planners.py`` (PLANNER_SOURCE) and a trace, ``t.trace``; the
+    planners the test registers from it are unregistered after."""
     net = _net()
     trace = record_trace(net, (torch.randn(64, 32),), lambda out: out.square().mean(), lambda p: torch.optim.Adam(p))
     (tmp_path / "my_planners.py").write_text(PLANNER_SOURCE)
     trace.save(tmp_path / "t.trace")
     monkeypatch.chdir(tmp_path)
-    spec = "my_planners:SwapAll"
-    try:
-        assert main(["plan", "t.trace", "-m", "50%", "--planner", spec, "-o", "p.json"]) == 0
-        assert json.loads((tmp_path / "p.json").read_text())["planner"] == "swap-every-activation"
-    finally:
-        if spec in planner_names():
-            unregister(spec)
-        sys.modules.pop("my_planners", None)
+    yield tmp_path
+    for name in planner_names():
+        if name.startswith("my_planners:"):
+            unregister(name)
+    sys.modules.pop("my_planners", None)
 
 
-def test_a_planner_of_the_current_folder_declares_its_flags(tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: ANN001
+def test_the_command_line_takes_a_planner_of_the_current_folder(planners_folder: Path) -> None:
+    assert main(["plan", "t.trace", "-m", "50%", "--planner", "my_planners:SwapAll", "-o", "p.json"]) == 0
+    assert json.loads((planners_folder / "p.json").read_text())["planner"] == "swap-every-activation"
+
+
+def test_a_planner_of_the_current_folder_declares_its_flags(planners_folder: Path, capsys) -> None:  # noqa: ANN001
     """A user's planner class lists its options: the command line then takes them as flags, hands
     them to the planner, and refuses them for a planner that does not read them."""
-    net = _net()
-    trace = record_trace(net, (torch.randn(64, 32),), lambda out: out.square().mean(), lambda p: torch.optim.Adam(p))
-    (tmp_path / "my_planners.py").write_text(PLANNER_SOURCE)
-    trace.save(tmp_path / "t.trace")
-    monkeypatch.chdir(tmp_path)
     spec = "my_planners:SwapSome"
-    try:
-        for n in (1, 2):
-            assert main(["plan", "t.trace", "-m", "100%", "--planner", spec, "--largest", str(n), "-o", f"p{n}.json"]) == 0
-            assert Plan.load(tmp_path / f"p{n}.json").n_swap == n
-        assert main(["plan", "t.trace", "-m", "100%", "--planner", "greedy", "--largest", "2", "-o", "g.json"]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].endswith(f"--largest is read by {spec} only, and --planner greedy does not read it "
-                                f"(name one that does: --planner {spec})"), err
-        assert not (tmp_path / "g.json").exists()
-    finally:
-        if spec in planner_names():
-            unregister(spec)
-        sys.modules.pop("my_planners", None)
+    for n in (1, 2):
+        assert main(["plan", "t.trace", "-m", "100%", "--planner", spec, "--largest", str(n), "-o", f"p{n}.json"]) == 0
+        assert Plan.load(planners_folder / f"p{n}.json").n_swap == n
+    assert main(["plan", "t.trace", "-m", "100%", "--planner", "greedy", "--largest", "2", "-o", "g.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"--largest is read by {spec} only, and --planner greedy does not read it "
+                            f"(name one that does: --planner {spec})"), err
+    assert not (planners_folder / "g.json").exists()
 
 
 def test_a_flag_means_one_thing() -> None:
