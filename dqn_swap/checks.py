@@ -34,6 +34,14 @@ def expect_callable(value: Any, name: str, *, none: bool = False) -> Any:
     raise TypeError(f"{name} must be callable{' or None' if none else ''}, not {type(value).__name__}")
 
 
+def expect_one_of(value: Any, choices: tuple[str, ...], name: str, error: type[Exception] = ValueError) -> Any:
+    """``value`` if it is one of ``choices``, else one line naming the argument and the choices
+    (``error``: the exception the caller's API raises for a bad setting)."""
+    if value in choices:
+        return value
+    raise error(f"{name}={value!r}: one of {', '.join(choices)}")
+
+
 def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Stopped(KeyboardInterrupt):
@@ -44,7 +44,7 @@ class Stopped(KeyboardInterrupt):
         return 128 + self.signum
 
 
-#: The signals :func:`install`'s handlers were given, first first (emptied by :func:`installed` and :func:`clear`).
+#: The signals :func:`installed`'s handlers were given, first first (emptied by :func:`installed` and :func:`clear`).
 _noted: list[int] = []
 
 
@@ -60,17 +60,14 @@ def installed() -> Iterator[None]:
     process was started with ignored stays ignored, and a SIGINT handler other than Python's default
     is left alone."""
     clear()
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            old[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_stopped)
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-            old[signal.SIGTERM] = signal.signal(signal.SIGTERM, _raise_stopped)
+
+    def ours(s: int, before: object) -> bool:
+        return before is signal.default_int_handler if s == signal.SIGINT else before is not signal.SIG_IGN
+
     try:
-        yield
+        with _handled_by(_raise_stopped, ours):
+            yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
         clear()
 
 
@@ -97,20 +94,25 @@ def signals_noted(received: list[int]) -> Iterator[None]:
     only: elsewhere Python runs no signal handler); the handlers before are restored after.  A signal
     ignored before stays ignored: a command a shell started in the background (``dqn-swap plan ... &``
     in a script) inherits SIGINT ignored, so that Ctrl-C at the terminal is not meant for it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def note(signum: int, frame: object) -> None:
         received.append(signum)
 
-    old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
-           if signal.getsignal(s) is not signal.SIG_IGN}
+    with _handled_by(note, lambda s, before: before is not signal.SIG_IGN):
+        yield
+
+
+@contextlib.contextmanager
+def _handled_by(handler: Callable[[int, object], None], takes: Callable[[int, object], bool]) -> Iterator[None]:
+    """Inside, ``handler`` handles SIGINT and SIGTERM where ``takes(signal, handler before)`` says so
+    (main thread only: elsewhere Python runs no signal handler); the handlers before come back after."""
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM) if takes(s, signal.getsignal(s))}
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        for s, before in old.items():
+            signal.signal(s, before)
 
 
 @contextlib.contextmanager

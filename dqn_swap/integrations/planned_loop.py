@@ -501,15 +501,13 @@ def _checked_arguments(model: Any, planner: Any, optimizer: Any, cache: Any, pla
                   "(docs/fsdp.md)")
     if reason is not None:
         raise AutoPlanError(reason)
-    if new_shapes not in NEW_SHAPES:
-        raise AutoPlanError(f"new_shapes={new_shapes!r}: one of {', '.join(NEW_SHAPES)}")
-    if shapes not in SHAPES:
-        raise AutoPlanError(f"shapes={shapes!r}: one of {', '.join(SHAPES)}")
-    if planning not in PLANNING:
-        raise AutoPlanError(f"planning={planning!r}: one of {', '.join(PLANNING)}")
+    from ..checks import expect, expect_one_of, expect_path
+
+    expect_one_of(new_shapes, NEW_SHAPES, "new_shapes", AutoPlanError)
+    expect_one_of(shapes, SHAPES, "shapes", AutoPlanError)
+    expect_one_of(planning, PLANNING, "planning", AutoPlanError)
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise AutoPlanError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    from ..checks import expect, expect_path
 
     expect_path(cache, "cache", none=True)
     expect(planner_options, dict, "planner_options", none=True)

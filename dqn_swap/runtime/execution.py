@@ -185,14 +185,11 @@ class PlannedExecution:
                  expandable_segments: bool = True, prefetch: bool = True, track_storages: bool = False,
                  check_plan: bool = True, allow_infeasible: bool = False, on_mismatch: str = "raise",
                  shapes: str = "exact", check: str = "ops") -> None:
-        from ..checks import expect
+        from ..checks import expect, expect_one_of
 
-        if on_mismatch not in ON_MISMATCH:
-            raise ValueError(f"on_mismatch={on_mismatch!r}: one of {', '.join(map(repr, ON_MISMATCH))}")
-        if shapes not in SHAPES:
-            raise ValueError(f"shapes={shapes!r}: one of {', '.join(map(repr, SHAPES))}")
-        if check not in CHECKS:
-            raise ValueError(f"check={check!r}: one of {', '.join(map(repr, CHECKS))}")
+        expect_one_of(on_mismatch, ON_MISMATCH, "on_mismatch")
+        expect_one_of(shapes, SHAPES, "shapes")
+        expect_one_of(check, CHECKS, "check")
         self.bounded = shapes == "bounded"
         expect(model, torch.nn.Module, "model", none=True, what="a torch.nn.Module")
         expect(plan, Plan, "plan")
