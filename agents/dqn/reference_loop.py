@@ -25,8 +25,9 @@ from .policy import GraphBatcher, QNetwork, q_values
 
 
 def train_reference(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[LimitSpec],
-                    config: DQNConfig) -> QNetwork:
-    """Train a Q-network with Algorithm 1 for ``config.total_timesteps`` steps; the last network."""
+                    config: DQNConfig) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer]:
+    """Train a Q-network with Algorithm 1 for ``config.total_timesteps`` steps; the last network, its
+    target and the optimiser."""
     # seeding, environments (one per trace and limit), networks, replay memory
     rng = np.random.default_rng(config.seed)
     torch.manual_seed(config.seed)
@@ -76,7 +77,7 @@ def train_reference(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | 
             td_update(q_net, target_net, batcher, rb, optimizer, config, beta, None)
         if config.target_network and step % config.target_update == 0:
             target_net.load_state_dict(q_net.state_dict())
-    return q_net
+    return q_net, target_net, optimizer
 
 
 __all__ = ["train_reference"]

@@ -251,8 +251,8 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tiny_re
 
 def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_trace, tmp_path) -> None:
     """The reference loop (Algorithm 1 on one page, CleanRL's way) and the run's phases take the same
-    steps: their networks are equal bit for bit at the end (after 45 updates), the run's evaluations
-    and resume files in between changing nothing."""
+    steps: their networks, targets and optimiser states are equal bit for bit at the end (after 45
+    updates), the run's evaluations and resume files in between changing nothing."""
     from dqn_swap.agents.dqn.reference_loop import train_reference
     from dqn_swap.agents.dqn.training import Training
 
@@ -261,8 +261,12 @@ def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_tr
                    reference=None, command=None)
     run.setup()
     run.learn()
-    reference = train_reference(tiny_resnet_trace, [LIMIT, "60%"], config)
-    full, one_page = run.q_net.state_dict(), reference.state_dict()
-    assert list(full) == list(one_page)
-    assert all(torch.equal(full[k], one_page[k]) for k in full)
+    q_net, target_net, optimizer = train_reference(tiny_resnet_trace, [LIMIT, "60%"], config)
+    for full, one_page in ((run.q_net.state_dict(), q_net.state_dict()),
+                           (run.target_net.state_dict(), target_net.state_dict())):
+        assert list(full) == list(one_page)
+        assert all(torch.equal(full[k], one_page[k]) for k in full)
+    full, one_page = run.optimizer.state_dict(), optimizer.state_dict()  # Adam's step and moments
+    assert full["param_groups"] == one_page["param_groups"] and full["state"].keys() == one_page["state"].keys()
+    assert all(torch.equal(a[k], one_page["state"][i][k]) for i, a in full["state"].items() for k in a)
     assert [e["step"] for e in run.evaluations] == [60, 120]
