@@ -159,6 +159,91 @@ def _input_pairs(op_inputs: list[tuple[int, ...]], alloc_op: np.ndarray, a_tenso
     return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
 
 
+def _decision_events(trace: Trace, swap_ok: np.ndarray, rec_ok: np.ndarray, nxt: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The action nodes' (event, kind, tensor), in event order: per (tensor, kind), the valid event
+    with the longest gap to the tensor's next read."""
+    t_ev = trace.event_time
+    gap = np.where(nxt >= 0, t_ev[np.maximum(nxt, 0)] - t_ev, -1.0)
+    choices: list[tuple[int, int, int]] = []  # (event, kind, tensor)
+    for kind, ok in ((SWAP, swap_ok), (RECOMPUTE, rec_ok)):
+        ev = np.flatnonzero(ok & (nxt >= 0))
+        if len(ev) == 0:
+            continue
+        # sort by tensor, then gap, then event; take the last per tensor
+        order = np.lexsort((ev, gap[ev], trace.event_tensor[ev]))
+        ev = ev[order]
+        tens = trace.event_tensor[ev]
+        last = np.append(tens[1:] != tens[:-1], True)
+        for e in ev[last]:
+            choices.append((int(e), kind, int(trace.event_tensor[e])))
+    choices.sort()
+    return tuple(np.array([c[k] for c in choices], dtype=np.int64).reshape(-1) for k in range(3))
+
+
+def _candidate_edges(trace: Trace, mode: str, a_event: np.ndarray, a_kind: np.ndarray, a_tensor: np.ndarray,
+                     a_reuse: np.ndarray, op_inputs: list[tuple[int, ...]] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``"candidates"`` (and ``"dataflow"``) graph's edges, both directions, and their lags in
+    seconds: decision-event order, reuse order, the swap and recompute nodes of one tensor (and,
+    for ``"dataflow"``, each re-run's inputs)."""
+    t_ev = trace.event_time
+    n_act = len(a_event)
+    node_event = np.concatenate([[0], a_event]).astype(np.int64)
+    # the gap of the decision event, not of the event's own next use (same thing here)
+    src, dst, lag = [], [], []
+    if n_act:
+        fwd = np.arange(1 + n_act)  # node order = decision-event order (do-nothing first)
+        src.append(fwd[:-1]); dst.append(fwd[1:])
+        lag.append(np.abs(t_ev[node_event[1:]] - t_ev[node_event[:-1]]))
+        lag[-1][0] = 0.0
+        order = 1 + np.lexsort((a_event, a_reuse))  # backward (reuse) order
+        src.append(order[:-1]); dst.append(order[1:])
+        r = t_ev[a_reuse[order - 1]]
+        lag.append(np.abs(r[1:] - r[:-1]))
+        # swap and recompute nodes of one tensor
+        by_t = np.lexsort((a_kind, a_tensor))
+        pair = np.flatnonzero(a_tensor[by_t][1:] == a_tensor[by_t][:-1])
+        a, b = 1 + by_t[pair], 1 + by_t[pair + 1]
+        src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
+        if mode == "dataflow":
+            if op_inputs is None:
+                from dqn_swap.simulator.index import TraceIndex
+
+                op_inputs = TraceIndex(trace).op_inputs
+            a, b = _input_pairs(op_inputs, trace.tensor_alloc_op, a_tensor, a_kind)
+            src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
+    s = np.concatenate(src) if src else np.zeros(0, np.int64)
+    d = np.concatenate(dst) if dst else np.zeros(0, np.int64)
+    w = np.concatenate(lag) if lag else np.zeros(0)
+    if len(s):
+        key = np.unique(np.stack([np.minimum(s, d), np.maximum(s, d)]), axis=1, return_index=True)[1]
+        s, d, w = s[key], d[key], w[key]
+    return np.concatenate([np.stack([s, d]), np.stack([d, s])], axis=1).astype(np.int64), np.concatenate([w, w])
+
+
+def _event_nodes(trace: Trace, a_event: np.ndarray, a_kind: np.ndarray, a_tensor: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``"events"`` graph's action nodes (1 + their event) and which decision each one is: swap at
+    its event; recompute at its event unless taken, else another event of its tensor (dropped where
+    none is free)."""
+    taken: set[int] = set()
+    nodes_l = []
+    ev_by_tensor: dict[int, np.ndarray] = {}
+    for i in np.argsort(a_kind, kind="stable"):  # swap nodes claim their events first
+        e_node = int(a_event[i])
+        if e_node in taken:
+            if int(a_tensor[i]) not in ev_by_tensor:
+                ev_by_tensor[int(a_tensor[i])] = np.flatnonzero(trace.event_tensor == a_tensor[i])
+            free = [int(v) for v in ev_by_tensor[int(a_tensor[i])] if int(v) not in taken]
+            if not free:
+                continue
+            e_node = free[0]
+        taken.add(e_node)
+        nodes_l.append((1 + e_node, i))
+    nodes_l.sort()
+    return np.array([p[0] for p in nodes_l], dtype=np.int64), np.array([p[1] for p in nodes_l], dtype=np.int64)
+
+
 def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = "candidates",  # noqa: ANN001
                        op_inputs: list[tuple[int, ...]] | None = None) -> ActionGraph:
     """Choose the action nodes of ``trace`` and build the graph the agent sees.
@@ -173,28 +258,9 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
         raise ValueError("Simulator.valid_actions() does not cover every event of the trace")
     nxt = next_read_event(trace)
     t_ev = trace.event_time
-    gap = np.where(nxt >= 0, t_ev[np.maximum(nxt, 0)] - t_ev, -1.0)
     static4 = static_node_features(trace, profile)  # size, transfer, recompute, next use
-
-    # Decision event per (tensor, kind): the valid event with the longest gap to the next read.
-    choices: list[tuple[int, int, int]] = []  # (event, kind, tensor)
-    for kind, ok in ((SWAP, swap_ok), (RECOMPUTE, rec_ok)):
-        ev = np.flatnonzero(ok & (nxt >= 0))
-        if len(ev) == 0:
-            continue
-        # sort by tensor, then gap, then event; take the last per tensor
-        order = np.lexsort((ev, gap[ev], trace.event_tensor[ev]))
-        ev = ev[order]
-        tens = trace.event_tensor[ev]
-        last = np.append(tens[1:] != tens[:-1], True)
-        for e in ev[last]:
-            choices.append((int(e), kind, int(trace.event_tensor[e])))
-    choices.sort()
-    n_act = len(choices)
-    a_event = np.array([c[0] for c in choices], dtype=np.int64).reshape(-1)
-    a_kind = np.array([c[1] for c in choices], dtype=np.int64).reshape(-1)
-    a_tensor = np.array([c[2] for c in choices], dtype=np.int64).reshape(-1)
-    a_reuse = nxt[a_event] if n_act else np.zeros(0, np.int64)
+    a_event, a_kind, a_tensor = _decision_events(trace, swap_ok, rec_ok, nxt)
+    a_reuse = nxt[a_event] if len(a_event) else np.zeros(0, np.int64)
 
     compute = max(trace.compute_time, 1e-12)
     time_scale = compute / 1000.0
@@ -212,40 +278,9 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
         return x
 
     if mode in ("candidates", "dataflow"):
-        n = 1 + n_act
-        node_event = np.concatenate([[0], a_event]).astype(np.int64)
+        n = 1 + len(a_event)
         x = np.concatenate([np.zeros((1, N_FEATURES), np.float32), feats(a_event, a_kind)])
-        # the gap of the decision event, not of the event's own next use (same thing here)
-        src, dst, lag = [], [], []
-        if n_act:
-            fwd = np.arange(n)  # node order = decision-event order (do-nothing first)
-            src.append(fwd[:-1]); dst.append(fwd[1:])
-            lag.append(np.abs(t_ev[node_event[1:]] - t_ev[node_event[:-1]]))
-            lag[-1][0] = 0.0
-            order = 1 + np.lexsort((a_event, a_reuse))  # backward (reuse) order
-            src.append(order[:-1]); dst.append(order[1:])
-            r = t_ev[a_reuse[order - 1]]
-            lag.append(np.abs(r[1:] - r[:-1]))
-            # swap and recompute nodes of one tensor
-            by_t = np.lexsort((a_kind, a_tensor))
-            pair = np.flatnonzero(a_tensor[by_t][1:] == a_tensor[by_t][:-1])
-            a, b = 1 + by_t[pair], 1 + by_t[pair + 1]
-            src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
-            if mode == "dataflow":
-                if op_inputs is None:
-                    from dqn_swap.simulator.index import TraceIndex
-
-                    op_inputs = TraceIndex(trace).op_inputs
-                a, b = _input_pairs(op_inputs, trace.tensor_alloc_op, a_tensor, a_kind)
-                src.append(a); dst.append(b); lag.append(np.abs(t_ev[a_event[a - 1]] - t_ev[a_event[b - 1]]))
-        s = np.concatenate(src) if src else np.zeros(0, np.int64)
-        d = np.concatenate(dst) if dst else np.zeros(0, np.int64)
-        w = np.concatenate(lag) if lag else np.zeros(0)
-        if len(s):
-            key = np.unique(np.stack([np.minimum(s, d), np.maximum(s, d)]), axis=1, return_index=True)[1]
-            s, d, w = s[key], d[key], w[key]
-        edges = np.concatenate([np.stack([s, d]), np.stack([d, s])], axis=1).astype(np.int64)
-        w = np.concatenate([w, w])
+        edges, w = _candidate_edges(trace, mode, a_event, a_kind, a_tensor, a_reuse, op_inputs)
         nodes = np.arange(1, n)
         node_op = np.concatenate([[-1], trace.event_op[a_event]]).astype(np.int64)
     else:
@@ -255,24 +290,7 @@ def build_action_graph(trace: Trace, profile: DeviceProfile, valid, mode: str = 
         e, lag_e = edge_arrays(trace)
         edges = np.concatenate([e + 1, np.array([[0, 1], [1, 0]])], axis=1).astype(np.int64)
         w = np.concatenate([lag_e, [0.0, 0.0]])
-        # action nodes: swap at its event; recompute at its event unless taken, else another event of t
-        taken: set[int] = set()
-        nodes_l = []
-        ev_by_tensor: dict[int, np.ndarray] = {}
-        for i in np.argsort(a_kind, kind="stable"):  # swap nodes claim their events first
-            e_node = int(a_event[i])
-            if e_node in taken:
-                if int(a_tensor[i]) not in ev_by_tensor:
-                    ev_by_tensor[int(a_tensor[i])] = np.flatnonzero(trace.event_tensor == a_tensor[i])
-                free = [int(v) for v in ev_by_tensor[int(a_tensor[i])] if int(v) not in taken]
-                if not free:
-                    continue
-                e_node = free[0]
-            taken.add(e_node)
-            nodes_l.append((1 + e_node, i))
-        nodes_l.sort()
-        nodes = np.array([p[0] for p in nodes_l], dtype=np.int64)
-        keep = np.array([p[1] for p in nodes_l], dtype=np.int64)
+        nodes, keep = _event_nodes(trace, a_event, a_kind, a_tensor)
         a_event, a_kind, a_tensor, a_reuse = a_event[keep], a_kind[keep], a_tensor[keep], a_reuse[keep]
         x[nodes] = feats(a_event, a_kind)
         node_op = np.concatenate([[-1], trace.event_op]).astype(np.int64)

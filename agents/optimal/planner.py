@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,35 @@ HELD_PER_ROUND = 2
 #: The planners whose plans seed the solve by default: every baseline and the agent's single pass
 #: (``dqn-search``, whose local search costs more, only where asked for).
 DEFAULT_INCUMBENTS = ("window", "greedy", "dynprog", "vdnn", "lru", "tflms", "sqrt-n", "layrub", "dqn")
+
+
+@dataclass
+class _Best:
+    """What a solve has so far: the best plan replayed and who made it, and the best bound proved."""
+
+    bound: float
+    makespan: float
+    actions: ActionSet = ()
+    plan_from: str | None = None
+    bound_source: str = "lower bound"
+    no_plan_fits: bool = False
+
+    def raise_bound(self, bound: float) -> None:
+        """Keep ``bound``, a bound the program proved, where it is the best so far."""
+        if bound > self.bound:
+            self.bound, self.bound_source = bound, "program"
+
+
+@dataclass
+class _Enforced:
+    """What the rounds' programs enforce: checkpoints, re-run points, and the plans replayed, cut off
+    from later rounds (``tried_best``: the least simulated makespan among them)."""
+
+    checkpoints: set[int]
+    reruns: set[int] = field(default_factory=set)
+    tried: list[ActionSet] = field(default_factory=list)
+    tried_keys: set[ActionSet] = field(default_factory=set)
+    tried_best: float = math.inf
 
 
 class OptimalPlanner(BasePlanner):
@@ -139,136 +169,38 @@ class OptimalPlanner(BasePlanner):
         return out
 
     def choose(self, facts: TraceFacts, evaluator: Evaluator) -> tuple[ActionSet, dict[str, Any]]:
-        s = self.settings
         sim = evaluator.simulator
-        T = sim.compute_time
-        limit = sim.memory_limit
         t_start = time.perf_counter()
-        bound, source = float(sim.lower_bound), "lower bound"
-        best: ActionSet = ()
         unplanned = evaluator.run(())
-        best_ms = float(unplanned.makespan) if unplanned.feasible else math.inf
-        incumbent_from = "none" if math.isfinite(best_ms) else None
+        best = _Best(bound=float(sim.lower_bound), makespan=float(unplanned.makespan) if unplanned.feasible
+                     else math.inf)
+        best.plan_from = "none" if math.isfinite(best.makespan) else None
 
         # The incumbents: the cheap planners' plans; the best is where the solve starts from.
-        incumbents = self._incumbents(evaluator) if bound < best_ms else []
+        incumbents = self._incumbents(evaluator) if best.bound < best.makespan else []
         for row in sorted(incumbents, key=lambda r: math.inf if r["makespan"] is None else r["makespan"]):
-            if row["makespan"] is not None and row["makespan"] < best_ms:
-                best, best_ms, incumbent_from = row["actions"], row["makespan"], row["name"]
-        started_from = incumbent_from
-        started_ms = best_ms
+            if row["makespan"] is not None and row["makespan"] < best.makespan:
+                best.actions, best.makespan, best.plan_from = row["actions"], row["makespan"], row["name"]
+        started_from, started_ms = best.plan_from, best.makespan
         # feasible incumbents, fastest first: HiGHS's starting solutions
         seeds = [r["actions"] for r in sorted((r for r in incumbents if r["makespan"] is not None),
                                               key=lambda r: r["makespan"])]
 
         cands = candidates(sim)
-        over = np.flatnonzero(sim.index.op_memory > limit)
+        over = np.flatnonzero(sim.index.op_memory > sim.memory_limit)
         found: dict[str, Any] = {"candidates": len(cands)}
         rounds: list[dict[str, Any]] = []
-        program_infeasible = False
         stopped = None
         c_start = time.process_time()
-        cpu_limit = float(s["time_limit"])
-        wall_deadline = t_start + float(s["wall_limit"]) if s["wall_limit"] is not None else math.inf
-        if len(over) and bound < best_ms * (1 - OPTIMAL_GAP):
-            ks = set(critical_ops(sim, cands)[: int(s["checkpoints"])]) | {int(over[0]), int(over[-1])}
-            reruns: set[int] = set()
-            tried: list[ActionSet] = []  # replayed plans, cut off from later rounds
-            tried_keys: set[ActionSet] = set()
-            tried_best = math.inf  # the least simulated makespan among them
-            # A round may take a quarter of the time limit (but at least two minutes: below that a
-            # ResNet-50 round finds no plan of its own), so that a plan the simulator charges more
-            # than the program leaves time for the rounds that correct it; once the simulator agrees,
-            # the last round gets all the time left.
-            round_cap = float(s["round_time_limit"] or max(cpu_limit / 4, min(cpu_limit, 120.0)))
-            last = False
-            cut_only = 0
-            for rnd in range(int(s["rounds"])):
-                left = cpu_limit - (time.process_time() - c_start)
-                wall_left = wall_deadline - time.perf_counter()
-                if left <= 0.5 or wall_left <= 0.5:
-                    stopped = "time limit"
-                    break
-                budget = left if last or rnd == int(s["rounds"]) - 1 else min(left, round_cap)
-                prog = SwapProgram(sim, cands, ks, rerun_points=reruns, exclude=tried,
-                                   chain_depth=int(s["chain_depth"]), fifo=bool(s["fifo"]))
-                show = (self._progress_line(evaluator.progress, rnd, prog, T)
-                        if evaluator.progress is not None and evaluator.progress.enabled else None)
-                starts = [a for a in ([best] if best else []) + seeds if a not in tried_keys]
-                out = solve(prog, time_limit=budget, gap=float(s["gap"]), on_progress=show, starts=starts,
-                            wall_limit=wall_left if math.isfinite(wall_left) else None)
-                row: dict[str, Any] = {"checkpoints": len(ks), "rerun_points": len(reruns), "cuts": len(tried),
-                                       "status": out.status, "seconds": round(out.seconds, 3),
-                                       "cpu_seconds": round(out.cpu_seconds, 3), "starts": out.starts_given,
-                                       "size": vars(prog.size)}
-                rounds.append(row)
-                if out.status == 2:
-                    # No untried plan covers every checkpoint: without tried plans nothing fits;
-                    # with them, the best tried plan is optimal.
-                    if tried:
-                        bound, source = max(bound, tried_best), "program"
-                    else:
-                        program_infeasible = True
-                    break
-                if math.isfinite(out.dual_bound):
-                    # every plan is either tried (simulated: >= tried_best) or bounded by the program
-                    b = min(prog.makespan_seconds(out.dual_bound), tried_best)
-                    row["bound"] = b
-                    if b > bound:
-                        bound, source = b, "program"
-                if out.x is None:  # no plan yet: the round ran out of time
-                    if last:
-                        stopped = "time limit"
-                        break
-                    last = True
-                    continue
-                acts = prog.actions(out.x)
-                res = sim.run(acts, timeline=True)
-                model = prog.makespan_seconds(out.objective)
-                sim_ms = float(res.makespan) if res.feasible else math.inf
-                row.update(program_makespan=model, simulated_makespan=sim_ms if res.feasible else None)
-                if sim_ms < best_ms:
-                    best, best_ms, incumbent_from = acts, sim_ms, "program"
-                if best_ms <= bound * (1 + float(s["gap"])):
-                    break  # proved, up to the solver's gap
-                if sim_ms <= model * (1 + 1e-9) + 1e-12:
-                    # The simulator agrees with the program: its optimum if the solver finished,
-                    # else solve once more with all the time left.
-                    if out.status == 0 or last:
-                        break
-                    last = True
-                    continue
-                # Disagreement: the ops where the replay needed memory the program did not enforce
-                # (ran out, stalled, needs more than the limit, or held a tensor away that the program
-                # let come back) become checkpoints, at most `checkpoints` a round, the busiest first
-                # (the program grows with each); and this plan is cut off (its cost is known).
-                new = sorted(self._new_checkpoints(sim, acts, res, ks) - ks, key=lambda k: -int(sim.index.op_memory[k]))
-                new = new[: int(s["checkpoints"])]
-                new_reruns = self._new_rerun_points(sim, acts, res) - reruns
-                ks |= set(new)
-                reruns |= new_reruns
-                tried.append(acts)
-                tried_keys.add(tuple(acts))
-                tried_best = min(tried_best, sim_ms)
-                row.update(added_checkpoints=len(new), added_rerun_points=len(new_reruns))
-                if new or new_reruns:
-                    cut_only = 0
-                    continue
-                cut_only += 1
-                if s["cut_only_rounds"] is not None and cut_only >= int(s["cut_only_rounds"]):
-                    stopped = (f"{cut_only} rounds in a row cut off a plan that the simulator charged more than "
-                               "the program and found no op over the limit to enforce: the program and the "
-                               "simulator disagree where memory is not the reason (copy order or timing)")
-                    break
-            else:  # every round ran and none settled it
-                stopped = f"the rounds limit ({int(s['rounds'])}) was reached"
+        if len(over) and best.bound < best.makespan * (1 - OPTIMAL_GAP):
+            stopped = self._rounds(evaluator, cands, over, seeds, best, rounds, t_start)
             found["program_size"] = rounds[-1]["size"] if rounds else None
-        if program_infeasible:
+        if best.no_plan_fits:
             found["no_plan_fits"] = "the program proves that no plan keeps every op under the limit"
-        bound = min(bound, best_ms) if math.isfinite(best_ms) else bound
-        gap = best_ms / bound - 1 if math.isfinite(best_ms) and bound > 0 else math.inf
-        found.update(certified_bound=bound, bound_source=source, certified_gap=gap,
-                     proved_optimal=bool(gap <= OPTIMAL_GAP), plan_from=incumbent_from,
+        bound = min(best.bound, best.makespan) if math.isfinite(best.makespan) else best.bound
+        gap = best.makespan / bound - 1 if math.isfinite(best.makespan) and bound > 0 else math.inf
+        found.update(certified_bound=bound, bound_source=best.bound_source, certified_gap=gap,
+                     proved_optimal=bool(gap <= OPTIMAL_GAP), plan_from=best.plan_from,
                      started_from=started_from,
                      started_makespan=started_ms if math.isfinite(started_ms) else None,
                      incumbents={r["name"]: {k: v for k, v in r.items() if k not in ("name", "actions")}
@@ -278,7 +210,102 @@ class OptimalPlanner(BasePlanner):
                      solve_cpu_seconds=round(time.process_time() - c_start, 3),
                      incumbents_cpu_seconds=round(sum(r["cpu_seconds"] for r in incumbents), 3),
                      rounds=rounds)
-        return tuple(best), found
+        return tuple(best.actions), found
+
+    def _rounds(self, evaluator: Evaluator, cands: list, over: np.ndarray, seeds: list[ActionSet], best: "_Best",
+                rounds: list[dict[str, Any]], t_start: float) -> str | None:
+        """The rounds of row generation (the module docstring's 2 and 3): each solves the program, replays
+        its plan, and adds checkpoints and a cut where the simulator disagrees.  Updates ``best`` and
+        appends a row per round to ``rounds``; returns why the rounds stopped short (``None``: settled)."""
+        s, sim, c_start = self.settings, evaluator.simulator, time.process_time()
+        cpu_limit = float(s["time_limit"])
+        wall_deadline = t_start + float(s["wall_limit"]) if s["wall_limit"] is not None else math.inf
+        cut = _Enforced(set(critical_ops(sim, cands)[: int(s["checkpoints"])]) | {int(over[0]), int(over[-1])})
+        # A round may take a quarter of the time limit (but at least two minutes: below that a
+        # ResNet-50 round finds no plan of its own), so that a plan the simulator charges more
+        # than the program leaves time for the rounds that correct it; once the simulator agrees,
+        # the last round gets all the time left.
+        round_cap = float(s["round_time_limit"] or max(cpu_limit / 4, min(cpu_limit, 120.0)))
+        last, cut_only = False, 0
+        for rnd in range(int(s["rounds"])):
+            left = cpu_limit - (time.process_time() - c_start)
+            wall_left = wall_deadline - time.perf_counter()
+            if left <= 0.5 or wall_left <= 0.5:
+                return "time limit"
+            budget = left if last or rnd == int(s["rounds"]) - 1 else min(left, round_cap)
+            prog = SwapProgram(sim, cands, cut.checkpoints, rerun_points=cut.reruns, exclude=cut.tried,
+                               chain_depth=int(s["chain_depth"]), fifo=bool(s["fifo"]))
+            show = (self._progress_line(evaluator.progress, rnd, prog, sim.compute_time)
+                    if evaluator.progress is not None and evaluator.progress.enabled else None)
+            starts = [a for a in ([best.actions] if best.actions else []) + seeds if a not in cut.tried_keys]
+            out = solve(prog, time_limit=budget, gap=float(s["gap"]), on_progress=show, starts=starts,
+                        wall_limit=wall_left if math.isfinite(wall_left) else None)
+            row: dict[str, Any] = {"checkpoints": len(cut.checkpoints), "rerun_points": len(cut.reruns),
+                                   "cuts": len(cut.tried),
+                                   "status": out.status, "seconds": round(out.seconds, 3),
+                                   "cpu_seconds": round(out.cpu_seconds, 3), "starts": out.starts_given,
+                                   "size": vars(prog.size)}
+            rounds.append(row)
+            if out.status == 2:
+                # No untried plan covers every checkpoint: without tried plans nothing fits;
+                # with them, the best tried plan is optimal.
+                if cut.tried:
+                    best.raise_bound(cut.tried_best)
+                else:
+                    best.no_plan_fits = True
+                return None
+            if math.isfinite(out.dual_bound):
+                # every plan is either tried (simulated: >= tried_best) or bounded by the program
+                row["bound"] = min(prog.makespan_seconds(out.dual_bound), cut.tried_best)
+                best.raise_bound(row["bound"])
+            if out.x is None:  # no plan yet: the round ran out of time
+                if last:
+                    return "time limit"
+                last = True
+                continue
+            acts = prog.actions(out.x)
+            res = sim.run(acts, timeline=True)
+            model = prog.makespan_seconds(out.objective)
+            sim_ms = float(res.makespan) if res.feasible else math.inf
+            row.update(program_makespan=model, simulated_makespan=sim_ms if res.feasible else None)
+            if sim_ms < best.makespan:
+                best.actions, best.makespan, best.plan_from = acts, sim_ms, "program"
+            if best.makespan <= best.bound * (1 + float(s["gap"])):
+                return None  # proved, up to the solver's gap
+            if sim_ms <= model * (1 + 1e-9) + 1e-12:
+                # The simulator agrees with the program: its optimum if the solver finished,
+                # else solve once more with all the time left.
+                if out.status == 0 or last:
+                    return None
+                last = True
+                continue
+            new, new_reruns = self._enforce(sim, cut, acts, res, sim_ms)
+            row.update(added_checkpoints=new, added_rerun_points=new_reruns)
+            if new or new_reruns:
+                cut_only = 0
+                continue
+            cut_only += 1
+            if s["cut_only_rounds"] is not None and cut_only >= int(s["cut_only_rounds"]):
+                return (f"{cut_only} rounds in a row cut off a plan that the simulator charged more than "
+                        "the program and found no op over the limit to enforce: the program and the "
+                        "simulator disagree where memory is not the reason (copy order or timing)")
+        return f"the rounds limit ({int(s['rounds'])}) was reached"  # every round ran and none settled it
+
+    def _enforce(self, sim: Any, cut: "_Enforced", acts: ActionSet, res: Any, sim_ms: float) -> tuple[int, int]:
+        """Where the replay ``res`` of the round's plan ``acts`` disagrees with the program: the ops where it
+        needed memory the program did not enforce (ran out, stalled, needs more than the limit, or held a
+        tensor away that the program let come back) become checkpoints, at most ``checkpoints`` a round,
+        the busiest first (the program grows with each); and the plan is cut off (its cost is known).
+        Returns how many checkpoints and re-run points were added."""
+        new = sorted(self._new_checkpoints(sim, acts, res, cut.checkpoints) - cut.checkpoints,
+                     key=lambda k: -int(sim.index.op_memory[k]))[: int(self.settings["checkpoints"])]
+        new_reruns = self._new_rerun_points(sim, acts, res) - cut.reruns
+        cut.checkpoints |= set(new)
+        cut.reruns |= new_reruns
+        cut.tried.append(acts)
+        cut.tried_keys.add(tuple(acts))
+        cut.tried_best = min(cut.tried_best, sim_ms)
+        return len(new), len(new_reruns)
 
     @staticmethod
     def _new_checkpoints(sim: Any, acts: ActionSet, res: Any, ks: set[int] = frozenset()) -> set[int]:

@@ -217,7 +217,7 @@ from dqn_swap.plan import Action, ActionKind
 from dqn_swap.simulator import Simulator
 
 from .candidates import MS, Candidate, actionable_windows, candidates
-from .rows import ProgramSize, Rows
+from .rows import Columns, ProgramSize, Rows
 
 GIB = float(2**30)  # bytes -> GiB: the program's memory unit
 
@@ -244,40 +244,43 @@ class SwapProgram:
             known = {c.tensor for c in self.cands}
             self.cands += [c for c in candidates(sim, every=True) if c.tensor not in known]
             self.cands.sort(key=lambda c: (c.act_op, c.event))
-        trace = sim.trace
-        n_ops = trace.n_ops
-        limit = sim.memory_limit
-        ks = sorted({int(k) for k in checkpoints if sim.index.op_memory[k] > limit})
-        dur_ms = trace.op_duration.astype(np.float64) * MS
-        self._cum = np.concatenate(([0.0], np.cumsum(dur_ms)))
-        cands = self.cands
-        nc = len(cands)
+        self._ks = sorted({int(k) for k in checkpoints if sim.index.op_memory[k] > sim.memory_limit})
+        self._dur_ms = sim.trace.op_duration.astype(np.float64) * MS
+        self._cum = np.concatenate(([0.0], np.cumsum(self._dur_ms)))
+        self._cols, self._rows = Columns(), Rows()
+        self._by_tensor = {c.tensor: i for i, c in enumerate(self.cands)}
+        # The rows, in the order of the module docstring's constraints.
+        self._actions_and_cuts(exclude)
+        self._time_points()
+        leaf_rows = self._reruns(chain_depth)
+        self._checkpoint_memory(leaf_rows)
+        self._copy_energy(fifo)
+        self._rerun_memory(rerun_points)
+        self._round_trips()
 
-        n_var = 0
-        lb: list[float] = []
-        ub: list[float] = []
-        integ: list[int] = []
-        cost: list[float] = []
+        cols, rows = self._cols, self._rows
+        self.c = np.asarray(cols.cost)
+        self.lb, self.ub = np.asarray(cols.lb), np.asarray(cols.ub)
+        self.integrality = np.asarray(cols.integ)
+        self.A = rows.matrix(len(cols))
+        self.row_lo, self.row_hi = np.asarray(rows.lo), np.asarray(rows.hi)
+        self.size = ProgramSize(len(cols), int(self.integrality.sum()), len(rows.lo), int(self.A.nnz),
+                                len(self.cands), len(self._ks), len(self._points))
 
-        def var(lo: float = 0.0, hi: float = math.inf, binary: bool = False) -> int:
-            nonlocal n_var
-            lb.append(lo), ub.append(hi), integ.append(1 if binary else 0), cost.append(0.0)
-            n_var += 1
-            return n_var - 1
-
-        rows = Rows()
-        o = [var(0, 1, True) for _ in cands]
-        r = [var(0, 1, True) if c.can_recompute else -1 for c in cands]
+    # ------------------------------------------------------------------ building
+    def _actions_and_cuts(self, exclude: list[tuple[Action, ...]]) -> None:
+        """``o_i``, ``r_i`` with ``o_i + r_i <= 1``, and (cuts): plans already replayed (their simulated
+        cost is known) cut off by one no-good row each."""
+        new, rows, cands = self._cols.new, self._rows, self.cands
+        o = [new(0, 1, True) for _ in cands]
+        r = [new(0, 1, True) if c.can_recompute else -1 for c in cands]
         self.o, self.r = o, r
-        for i, c in enumerate(cands):
+        for i in range(len(cands)):
             if r[i] >= 0:
                 rows.add([(o[i], 1.0), (r[i], 1.0)], hi=1.0)
-
-        # Plans already replayed (their simulated cost is known): no-good cuts, one per plan.
-        by_tensor = {c.tensor: i for i, c in enumerate(cands)}
         self._excluded: set[frozenset[tuple[int, int]]] = set()
         for plan in exclude:
-            chosen = {by_tensor[a.tensor]: a.kind for a in plan if a.tensor in by_tensor}
+            chosen = {self._by_tensor[a.tensor]: a.kind for a in plan if a.tensor in self._by_tensor}
             self._excluded.add(frozenset((i, int(kind)) for i, kind in chosen.items()))
             terms, ones = [], 0
             for i in range(len(cands)):
@@ -289,25 +292,33 @@ class SwapProgram:
                     ones += on
             rows.add(terms, lo=1.0 - ones)
 
-        # Time points and their G (end of the previous op) and S (start of the op).
+    def _time_points(self) -> None:
+        """Time points and their ``G`` (end of the previous op) and ``S`` (start of the op); (compute)
+        between consecutive points; the objective ``M = S_N``."""
+        n_ops, ks, new = self.sim.trace.n_ops, self._ks, self._cols.new
         pts = {0, n_ops}
         pts.update(ks)
         pts.update(k + 1 for k in ks)
-        pts.update(c.act_op + 1 for c in cands)
-        pts.update(c.next_use for c in cands)
-        points = sorted(p for p in pts if 0 <= p <= n_ops)
-        G = {p: var() for p in points}
-        S = {p: var() for p in points}
-        cost[S[n_ops]] = 1.0  # the makespan
+        pts.update(c.act_op + 1 for c in self.cands)
+        pts.update(c.next_use for c in self.cands)
+        self._points = points = sorted(p for p in pts if 0 <= p <= n_ops)
+        self._G = {p: new() for p in points}
+        self._S = {p: new() for p in points}
+        self._cols.cost[self._S[n_ops]] = 1.0  # the makespan
         for p, p2 in zip(points, points[1:]):
-            rows.add([(G[p2], 1.0), (S[p], -1.0)], lo=float(self._cum[p2] - self._cum[p]))
+            self._rows.add([(self._G[p2], 1.0), (self._S[p], -1.0)], lo=float(self._cum[p2] - self._cum[p]))
 
-        # Re-runs: q[p, n] >= r_x over x's static closure, chained through dropped inputs.
-        free = trace.tensor_free_op.tolist()
-        alloc = trace.tensor_alloc_op.tolist()
-        inputs = sim.index.op_inputs
+    def _reruns(self, chain_depth: int) -> list[tuple[int, int, list[tuple[int, float]], float]]:
+        """(re-runs): ``q[p, n] >= r_x`` over ``x``'s static closure, chained through dropped inputs
+        up to ``chain_depth`` deep; (compute) of the re-runs before each point; the first row of
+        (inputs of re-runs).  Returns those inputs' rows to complete at the checkpoints: (swapped
+        input ``j``, ``n``, the dropped chain that reads it, least duration of a reading re-run)."""
+        sim, cands, rows, new = self.sim, self.cands, self._rows, self._cols.new
+        o, r, S, G, by_tensor, dur_ms = self.o, self.r, self._S, self._G, self._by_tensor, self._dur_ms
+        free, alloc, inputs = sim.trace.tensor_free_op.tolist(), sim.trace.tensor_alloc_op.tolist(), sim.index.op_inputs
         q: dict[tuple[int, int], int] = {}
         chain_rows: set[tuple[int, int, tuple[int, ...]]] = set()
+        leaf_rows: list[tuple[int, int, list[tuple[int, float]], float]] = []
 
         def static_closure(x: int, n: int) -> tuple[set[int], dict[int, float]]:
             """Producers that must re-run to re-create ``x`` before ``n``, and the candidate
@@ -335,7 +346,7 @@ class SwapProgram:
                     continue
                 chain_rows.add(key)
                 if (p, n) not in q:
-                    q[p, n] = var(0.0, 1.0)
+                    q[p, n] = new(0.0, 1.0)
                 rows.add([(q[p, n], 1.0)] + [(r[j], -1.0) for j in chain], lo=-(len(chain) - 1.0))
             for y, d_read in dropped.items():
                 j = by_tensor[y]
@@ -347,9 +358,6 @@ class SwapProgram:
                 leaf_rows.append((j, n, link, d_read))
                 if r[j] >= 0 and len(chain) < chain_depth:
                     rerun_rows(n, chain + (j,), y)
-
-        #: (swapped input j, n, the dropped chain that reads it, least duration of a reading re-run)
-        leaf_rows: list[tuple[int, int, list[tuple[int, float]], float]] = []
 
         for i, c in enumerate(cands):
             if r[i] >= 0:
@@ -368,28 +376,34 @@ class SwapProgram:
         reruns_at: dict[int, list[tuple[int, float]]] = {}
         for (p, n), v in q.items():
             reruns_at.setdefault(n, []).append((v, float(dur_ms[p])))
-        for p in points:
+        for p in self._points:
             rows.add([(S[p], 1.0), (G[p], -1.0)] + [(v, -d) for v, d in reruns_at.get(p, ())], lo=0.0)
+        return leaf_rows
 
-        # Off the device at checkpoints, and memory there.  Memory is checked when an op starts and
-        # whenever a copy back starts while it runs, so at each checkpoint k the bytes away cover
-        # its excess at two instants: when k starts (w_s: copied out by S_k, copied back after S_k)
-        # and when it ends (w_e: copied out by G_{k+1}, copied back from G_{k+1}).  A tensor may be
-        # away at one and not the other (its copy out ends, or its copy back starts, while k runs).
-        cover: dict[int, list[int]] = {k: [] for k in ks}
+    def _checkpoint_memory(self, leaf_rows: list[tuple[int, int, list[tuple[int, float]], float]]) -> None:
+        """Off the device at checkpoints, and memory there (memory); the rest of (inputs of re-runs).
+
+        Memory is checked when an op starts and whenever a copy back starts while it runs, so at each
+        checkpoint k the bytes away cover its excess at two instants: when k starts (w_s: copied out by
+        S_k, copied back after S_k) and when it ends (w_e: copied out by G_{k+1}, copied back from
+        G_{k+1}).  A tensor may be away at one and not the other (its copy out ends, or its copy back
+        starts, while k runs)."""
+        sim, cands, rows, new, ks, o, r = self.sim, self.cands, self._rows, self._cols.new, self._ks, self.o, self.r
+        S, G = self._S, self._G
+        self._cover = cover = {k: [] for k in ks}
         for i, c in enumerate(cands):
             lo_k, hi_k = np.searchsorted(ks, c.act_op, "right"), np.searchsorted(ks, c.next_use, "left")
             for k in ks[lo_k:hi_k]:
                 cover[k].append(i)
         # instant (name, its time variable at k, the time variable copies back start after)
-        instants = (("start", lambda k: S[k]), ("end", lambda k: G[k + 1]))
+        self._instants = instants = (("start", lambda k: S[k]), ("end", lambda k: G[k + 1]))
         ws: dict[str, dict[tuple[int, int], int]] = {name: {} for name, _ in instants}
         for k in ks:
-            excess = float(sim.index.op_memory[k] - limit) / GIB
+            excess = float(sim.index.op_memory[k] - sim.memory_limit) / GIB
             for name, _ in instants:
                 w = ws[name]
                 for i in cover[k]:
-                    w[i, k] = var(0, 1, True)
+                    w[i, k] = new(0, 1, True)
                     rows.add([(w[i, k], 1.0), (o[i], -1.0)], hi=0.0)
                 terms = [(w[i, k], cands[i].nbytes / GIB) for i in cover[k]]
                 terms += [(r[i], cands[i].nbytes / GIB) for i in cover[k] if r[i] >= 0]
@@ -409,59 +423,68 @@ class SwapProgram:
                         rows.add([(S[n], 1.0), (at(k), -1.0), (w[j, k], -t)] + [(v, -t) for v, _ in link],
                                  lo=-t * len(link))
 
-        def energy(steps: Iterable[tuple[list[tuple[int, float]], int, int]]) -> None:
-            """Horn's condition for one copy engine over nested windows: ``steps`` run from the
-            innermost window ``[G, S]`` outwards with the copies (variable, time) each adds; the
-            copies of a window and of every window inside it fit in it.  A cumulative auxiliary
-            per window keeps this linear in size."""
-            acc = -1
-            for terms, start, end in steps:
-                if not terms and acc < 0:
-                    continue
-                total = var()
-                rows.add([(total, 1.0)] + ([(acc, -1.0)] if acc >= 0 else []) + [(v, -t) for v, t in terms], lo=0.0)
-                rows.add([(total, 1.0), (start, 1.0), (end, -1.0)], hi=0.0)
-                acc = total
+    def _energy(self, steps: Iterable[tuple[list[tuple[int, float]], int, int]]) -> None:
+        """Horn's condition for one copy engine over nested windows: ``steps`` run from the
+        innermost window ``[G, S]`` outwards with the copies (variable, time) each adds; the
+        copies of a window and of every window inside it fit in it.  A cumulative auxiliary
+        per window keeps this linear in size."""
+        acc = -1
+        for terms, start, end in steps:
+            if not terms and acc < 0:
+                continue
+            total = self._cols.new()
+            self._rows.add([(total, 1.0)] + ([(acc, -1.0)] if acc >= 0 else []) + [(v, -t) for v, t in terms], lo=0.0)
+            self._rows.add([(total, 1.0), (start, 1.0), (end, -1.0)], hi=0.0)
+            acc = total
 
+    def _copy_energy(self, fifo: bool) -> None:
+        """(copy-out), with the D2H queue's first-in-first-out order where ``fifo``, and (copy-in),
+        at both instants of every checkpoint."""
+        cands, rows, new, ks, o, G, S = self.cands, self._rows, self._cols.new, self._ks, self.o, self._G, self._S
         by_release: dict[int, list[int]] = {}
         for i, c in enumerate(cands):
             by_release.setdefault(c.act_op + 1, []).append(i)
         releases = sorted(by_release)
-        by_due: dict[int, list[int]] = {}
+        self._by_due = by_due = {}
         for i, c in enumerate(cands):
             by_due.setdefault(c.next_use, []).append(i)
-        dues = sorted(by_due)
-        for name, at in instants:
-            w = ws[name]
+        self._dues = dues = sorted(by_due)
+        for name, at in self._instants:
+            w = self.w[name]
             # "Copy-out finished by the instant": y[i, k].
             yv: dict[tuple[int, int], int] = {}
             for k in ks:
-                order = cover[k]  # issue order (cands are sorted by leave op, then event)
+                order = self._cover[k]  # issue order (cands are sorted by leave op, then event)
                 if fifo:
                     prev = -1
                     for i in order:
-                        P = var(0.0, 1.0)
+                        P = new(0.0, 1.0)
                         rows.add([(P, 1.0), (w[i, k], -1.0)], lo=0.0)
                         if prev >= 0:
                             rows.add([(prev, 1.0), (P, -1.0)], lo=0.0)
                         prev = P
-                        yv[i, k] = var(0.0, 1.0)
+                        yv[i, k] = new(0.0, 1.0)
                         rows.add([(yv[i, k], 1.0), (P, -1.0), (o[i], -1.0)], lo=-1.0)
                 else:
                     for i in order:
                         yv[i, k] = w[i, k]
             # Copy-out energy: per checkpoint k, cumulative over release points r (latest first).
             for k in ks:
-                energy(([(o[i], cands[i].t_out) if cands[i].next_use <= k else (yv[i, k], cands[i].t_out)
-                         for i in by_release[rp] if cands[i].next_use <= k or (i, k) in yv], G[rp], at(k))
-                       for rp in reversed(releases) if rp <= k)
+                self._energy(([(o[i], cands[i].t_out) if cands[i].next_use <= k else (yv[i, k], cands[i].t_out)
+                               for i in by_release[rp] if cands[i].next_use <= k or (i, k) in yv], G[rp], at(k))
+                             for rp in reversed(releases) if rp <= k)
             # Copy-back energy: per checkpoint k, cumulative over due points h (earliest first).
             for k in ks:
-                energy(([(o[i], cands[i].t_in) if cands[i].act_op >= k else (w[i, k], cands[i].t_in)
-                         for i in by_due[h] if cands[i].act_op >= k or (i, k) in w], at(k), S[h])
-                       for h in dues if h > k)
+                self._energy(([(o[i], cands[i].t_in) if cands[i].act_op >= k else (w[i, k], cands[i].t_in)
+                               for i in by_due[h] if cands[i].act_op >= k or (i, k) in w], at(k), S[h])
+                             for h in dues if h > k)
 
-        # Memory while the re-runs before n run (only at the ops given: added where a replay needed it).
+    def _rerun_memory(self, rerun_points: Iterable[int]) -> None:
+        """(re-run memory): memory while the re-runs before ``n`` run, only at the ops given (the
+        planner adds those where a replay needed it)."""
+        sim, cands, rows, new, o, r = self.sim, self.cands, self._rows, self._cols.new, self.o, self.r
+        G, S, trace, by_tensor, inputs = self._G, self._S, sim.trace, self._by_tensor, sim.index.op_inputs
+        free, alloc = trace.tensor_free_op.tolist(), trace.tensor_alloc_op.tolist()
         mal = sim.index.op_malloc.tolist()
         scr = trace.op_scratch.tolist()
         targets_at: dict[int, list[int]] = {}
@@ -477,13 +500,13 @@ class SwapProgram:
             covering = [i for i, c in enumerate(cands) if c.act_op < n < c.next_use]
             away = {}
             for i in covering:  # swapped i may be away during the re-runs: its copy-out ended before S_n
-                away[i] = self.away[i, n] = var(0, 1, True)
+                away[i] = self.away[i, n] = new(0, 1, True)
                 rows.add([(away[i], 1.0), (o[i], -1.0)], hi=0.0)
                 rows.add([(S[n], 1.0), (G[cands[i].act_op + 1], -1.0), (away[i], -cands[i].t_out)], lo=0.0)
             # Tensors the program has no variable for (their window covers no checkpoint) may be away
             # too, or not yet re-created if they are targets at n: taken as away.
             others_away = sum(int(trace.tensor_nbytes[t]) for t, a, nu in windows if a < n <= nu)
-            base = float(sim.index.op_memory[n] - mal[n] - scr[n] - limit - others_away) / GIB
+            base = float(sim.index.op_memory[n] - mal[n] - scr[n] - sim.memory_limit - others_away) / GIB
             relief = [(away[i], -cands[i].nbytes / GIB) for i in covering]
             relief += [(r[i], -cands[i].nbytes / GIB) for i in covering if r[i] >= 0]
             for x in tg:
@@ -506,7 +529,7 @@ class SwapProgram:
                             lo_terms[j] = cj.nbytes / GIB
                         # swapped, it is back before p re-runs (the simulator waits for it): no relief
                         # then, u >= away_j + r_x - 1
-                        u = var(0.0, 1.0)
+                        u = new(0.0, 1.0)
                         rows.add([(u, 1.0), (away[j], -1.0), (r[x], -1.0)], lo=-1.0)
                         back.append((u, cj.nbytes / GIB))
                 if lo_terms:
@@ -516,21 +539,16 @@ class SwapProgram:
                 else:
                     rows.add(relief + others + extra + back, hi=-base)
 
-        # Each swap's own round trip, and one shared engine where copies are not duplex.
+    def _round_trips(self) -> None:
+        """(one copy): each swap's own round trip; (shared engine) where copies are not duplex."""
+        cands, G, S = self.cands, self._G, self._S
         for i, c in enumerate(cands):
-            rows.add([(S[c.next_use], 1.0), (G[c.act_op + 1], -1.0), (o[i], -(c.t_out + c.t_in))], lo=0.0)
-        if not sim.profile.duplex:
-            for s0 in sorted({0} | {k + 1 for k in ks}):
-                energy(([(o[i], cands[i].t_out + cands[i].t_in) for i in by_due[h] if cands[i].act_op + 1 >= s0],
-                        G[s0], S[h]) for h in dues if h > s0)
-
-        self.c = np.asarray(cost)
-        self.lb, self.ub = np.asarray(lb), np.asarray(ub)
-        self.integrality = np.asarray(integ)
-        self.A = rows.matrix(n_var)
-        self.row_lo, self.row_hi = np.asarray(rows.lo), np.asarray(rows.hi)
-        self.size = ProgramSize(n_var, int(self.integrality.sum()), len(rows.lo), int(self.A.nnz),
-                                nc, len(ks), len(points))
+            self._rows.add([(S[c.next_use], 1.0), (G[c.act_op + 1], -1.0), (self.o[i], -(c.t_out + c.t_in))], lo=0.0)
+        if not self.sim.profile.duplex:
+            by_due = self._by_due
+            for s0 in sorted({0} | {k + 1 for k in self._ks}):
+                self._energy(([(self.o[i], cands[i].t_out + cands[i].t_in) for i in by_due[h]
+                               if cands[i].act_op + 1 >= s0], G[s0], S[h]) for h in self._dues if h > s0)
 
     # ------------------------------------------------------------------ reading
     def makespan_seconds(self, objective_ms: float) -> float:

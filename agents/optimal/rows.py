@@ -1,5 +1,5 @@
-"""The program's bookkeeping: its constraint matrix built row by row (:class:`Rows`) and its size
-(:class:`ProgramSize`), what :mod:`.program` fills and the planner reports."""
+"""The program's bookkeeping: its variables (:class:`Columns`), its constraint matrix built row by row
+(:class:`Rows`) and its size (:class:`ProgramSize`), what :mod:`.program` fills and the planner reports."""
 
 from __future__ import annotations
 
@@ -8,6 +8,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scipy import sparse
+
+
+class Columns:
+    """The program's variables, one at a time: bounds, integrality and objective coefficient."""
+
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integ: list[int] = []
+        self.cost: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.lb)
+
+    def new(self, lo: float = 0.0, hi: float = math.inf, binary: bool = False) -> int:
+        """A new variable in ``[lo, hi]`` (binary: integral), with objective coefficient 0; its index."""
+        self.lb.append(lo), self.ub.append(hi), self.integ.append(1 if binary else 0), self.cost.append(0.0)
+        return len(self.lb) - 1
 
 
 class Rows:
@@ -43,4 +61,4 @@ class ProgramSize:
     time_points: int
 
 
-__all__ = ["ProgramSize", "Rows"]
+__all__ = ["Columns", "ProgramSize", "Rows"]

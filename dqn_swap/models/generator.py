@@ -380,60 +380,98 @@ def parse_name(name: str) -> tuple[str, int]:
 def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
     """(model, inputs, loss_fn, optimizer factory) of ``spec`` at ``batch``; ``data`` draws inputs
     (:class:`dqn_swap.models.registry._Sampler`).  Called on the target device."""
+    parts = (_image_parts if spec.family in _IMAGE_FAMILIES else _other_parts)(spec.family, spec.config(), batch,
+                                                                               data)
+    if parts is None:
+        raise AssertionError(f"family {spec.family!r} has no builder")
+    return parts
+
+
+#: The families whose inputs are images (or clips) and whose targets are labels per image or pixel.
+_IMAGE_FAMILIES = ("plain_cnn", "residual_cnn", "bottleneck_cnn", "wide_residual_cnn", "inverted_residual_cnn",
+                   "dense_cnn", "vision_transformer", "mlp_mixer", "encoder_decoder_cnn", "se_cnn", "grouped_cnn",
+                   "inception_cnn", "video_cnn")
+
+
+def _classify(model: Any, batch: int, data: Any, image: int, classes: int) -> tuple:
+    """Images of ``image`` pixels square, one class label each, cross entropy, SGD with momentum."""
+    import torch.nn.functional as F
+
+    from .optim import sgd_momentum
+
+    target = data.randint(classes, batch)
+    return model, (data.randn(batch, 3, image, image),), lambda out: F.cross_entropy(out, target), sgd_momentum
+
+
+def _mixed(model: Any, c: dict[str, Any]) -> Any:
+    """``model`` under bf16 autocast if the spec draws it (:mod:`dqn_swap.models.precision`)."""
+    if not c.get("bf16"):
+        return model
+    from .precision import Autocast
+
+    return Autocast(model)
+
+
+def _image_parts(f: str, c: dict[str, Any], batch: int, data: Any) -> tuple | None:
+    """:func:`build_parts` of the :data:`_IMAGE_FAMILIES`."""
+    import torch.nn.functional as F
+
+    from . import cnn_families as cf
+    from . import families as fm
+    from .densenet import DenseNet
+    from .optim import sgd_momentum
+    from .unet import UNet
+
+    if f == "plain_cnn":
+        model = fm.PlainCNN(c["widths"], c["convs"], c["batch_norm"], c["classes"])
+    elif f in ("residual_cnn", "bottleneck_cnn", "wide_residual_cnn"):
+        model = fm.ResidualCNN(c["block"], c["blocks"], c["width"], c["classes"], c.get("widen", 1),
+                               c.get("dropout", 0.0))
+    elif f == "inverted_residual_cnn":
+        model = fm.InvertedResidualCNN(c["stages"], c["expand"], c["stem"], c["classes"])
+    elif f == "dense_cnn":
+        model = DenseNet(c["blocks"], c["growth"], 2 * c["growth"], num_classes=c["classes"])
+    elif f == "vision_transformer":
+        model = fm.VisionTransformer(c["image"], c["patch"], c["layers"], c["d_model"], c["heads"], c["classes"])
+    elif f == "mlp_mixer":
+        model = fm.MLPMixer(c["image"], c["patch"], c["layers"], c["channels"], c["token_hidden"],
+                            c["channel_hidden"], c["classes"])
+    elif f == "se_cnn":
+        model = cf.SECNN(c["blocks"], c["width"], c["bottleneck"], c["reduction"], c["last_survival"], c["classes"])
+    elif f == "grouped_cnn":
+        model = cf.GroupedCNN(c["style"], c["blocks"], c["width"], c["groups"], c["kernel"], c["classes"])
+    elif f == "inception_cnn":
+        model = cf.InceptionCNN(c["blocks"], c["width"], c["classes"])
+    elif f == "encoder_decoder_cnn":
+        target = data.randint(c["classes"], batch, c["image"], c["image"])
+        model = UNet(3, c["classes"], c["base"], c["levels"])
+        return model, (data.randn(batch, 3, c["image"], c["image"]),), lambda out: F.cross_entropy(out, target), \
+            sgd_momentum
+    elif f == "video_cnn":
+        target = data.randint(c["classes"], batch)
+        clips = data.randn(batch, 3, c["frames"], c["image"], c["image"])
+        model = cf.VideoCNN(c["frames"], c["blocks"], c["width"], c["factorised"], c["classes"])
+        return model, (clips,), lambda out: F.cross_entropy(out, target), sgd_momentum
+    else:
+        return None
+    return _classify(model, batch, data, c["image"], c["classes"])
+
+
+def _other_parts(f: str, c: dict[str, Any], batch: int, data: Any) -> tuple | None:
+    """:func:`build_parts` of the families of sequences, audio, graphs and vectors."""
     import torch.nn.functional as F
 
     from . import families as fm
-    from .densenet import DenseNet
     from .optim import adam, sgd_momentum
-    from .rnn import CharLSTM
-    from .transformer import GPT, GPTConfig
-    from .unet import UNet
-
-    c = spec.config()
-
-    def classify(model: Any, image: int, classes: int) -> tuple:
-        target = data.randint(classes, batch)
-        return model, (data.randn(batch, 3, image, image),), lambda out: F.cross_entropy(out, target), sgd_momentum
-
-    def mixed(model: Any) -> Any:
-        """``model`` under bf16 autocast if the spec draws it (:mod:`dqn_swap.models.precision`)."""
-        if not c.get("bf16"):
-            return model
-        from .precision import Autocast
-
-        return Autocast(model)
 
     def language(model: Any, vocab: int, seq: int) -> tuple:
         tokens = data.randint(vocab, batch, seq + 1)
         inputs, target = tokens[:, :-1].contiguous(), tokens[:, 1:].reshape(-1)
         return model, (inputs,), lambda out: F.cross_entropy(out.reshape(-1, vocab), target), adam
 
-    f = spec.family
-    if f == "plain_cnn":
-        return classify(fm.PlainCNN(c["widths"], c["convs"], c["batch_norm"], c["classes"]), c["image"], c["classes"])
-    if f in ("residual_cnn", "bottleneck_cnn", "wide_residual_cnn"):
-        model = fm.ResidualCNN(c["block"], c["blocks"], c["width"], c["classes"], c.get("widen", 1),
-                               c.get("dropout", 0.0))
-        return classify(model, c["image"], c["classes"])
-    if f == "inverted_residual_cnn":
-        return classify(fm.InvertedResidualCNN(c["stages"], c["expand"], c["stem"], c["classes"]), c["image"],
-                        c["classes"])
-    if f == "dense_cnn":
-        model = DenseNet(c["blocks"], c["growth"], 2 * c["growth"], num_classes=c["classes"])
-        return classify(model, c["image"], c["classes"])
-    if f == "vision_transformer":
-        model = fm.VisionTransformer(c["image"], c["patch"], c["layers"], c["d_model"], c["heads"], c["classes"])
-        return classify(model, c["image"], c["classes"])
-    if f == "mlp_mixer":
-        model = fm.MLPMixer(c["image"], c["patch"], c["layers"], c["channels"], c["token_hidden"],
-                            c["channel_hidden"], c["classes"])
-        return classify(model, c["image"], c["classes"])
-    if f == "encoder_decoder_cnn":
-        target = data.randint(c["classes"], batch, c["image"], c["image"])
-        model = UNet(3, c["classes"], c["base"], c["levels"])
-        return model, (data.randn(batch, 3, c["image"], c["image"]),), lambda out: F.cross_entropy(out, target), \
-            sgd_momentum
     if f == "decoder_transformer":
+        from .transformer import GPT, GPTConfig
+
         cfg = GPTConfig(layers=c["layers"], d_model=c["d_model"], heads=c["heads"], seq_len=c["seq_len"],
                         vocab=c["vocab"])
         return language(GPT(cfg), c["vocab"], c["seq_len"])
@@ -441,6 +479,8 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
         return language(fm.TextEncoder(c["vocab"], c["seq_len"], c["layers"], c["d_model"], c["heads"]), c["vocab"],
                         c["seq_len"])
     if f == "recurrent_lm":
+        from .rnn import CharLSTM
+
         return language(CharLSTM(c["vocab"], c["hidden"], c["layers"]), c["vocab"], c["seq_len"])
     if f == "gru_seq2seq":
         source = data.randint(c["vocab"], batch, c["source_len"])
@@ -453,29 +493,11 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
         target = data.randint(c["outputs"], batch)
         model = fm.DeepMLP(c["inputs"], c["width"], c["layers"], c["outputs"])
         return model, (data.randn(batch, c["inputs"]),), lambda out: F.cross_entropy(out, target), sgd_momentum
-    if f in ("se_cnn", "grouped_cnn", "inception_cnn"):
-        from . import cnn_families as cf
-
-        if f == "se_cnn":
-            model = cf.SECNN(c["blocks"], c["width"], c["bottleneck"], c["reduction"], c["last_survival"],
-                             c["classes"])
-        elif f == "grouped_cnn":
-            model = cf.GroupedCNN(c["style"], c["blocks"], c["width"], c["groups"], c["kernel"], c["classes"])
-        else:
-            model = cf.InceptionCNN(c["blocks"], c["width"], c["classes"])
-        return classify(model, c["image"], c["classes"])
-    if f == "video_cnn":
-        from .cnn_families import VideoCNN
-
-        target = data.randint(c["classes"], batch)
-        clips = data.randn(batch, 3, c["frames"], c["image"], c["image"])
-        model = VideoCNN(c["frames"], c["blocks"], c["width"], c["factorised"], c["classes"])
-        return model, (clips,), lambda out: F.cross_entropy(out, target), sgd_momentum
     if f in ("hf_seq2seq", "hf_decoder"):
         from .hf_families import hf_family_parts
 
         model, inputs, loss_fn, make_optimizer = hf_family_parts(f, c, batch, data)
-        return mixed(model), inputs, loss_fn, make_optimizer
+        return _mixed(model, c), inputs, loss_fn, make_optimizer
     if f == "audio_encoder":
         from .audio import AudioEncoder, waveform_samples
 
@@ -485,8 +507,8 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
         audio = (data.randn(batch, waveform_samples(frames)) if c["front"] == "waveform"
                  else data.randn(batch, c["mels"], 2 * frames))
         target = data.randint(c["classes"], batch * frames)
-        return mixed(model), (audio,), lambda out: F.cross_entropy(out.reshape(-1, c["classes"]).float(), target), \
-            adam
+        return _mixed(model, c), (audio,), \
+            lambda out: F.cross_entropy(out.reshape(-1, c["classes"]).float(), target), adam
     if f == "graph_network":
         from .graph import GraphNetwork, random_graphs
 
@@ -495,7 +517,7 @@ def build_parts(spec: NetworkSpec, batch: int, data: Any) -> tuple:
         target = data.randint(c["classes"], nodes)
         model = GraphNetwork(c["conv"], c["features"], c["hidden"], c["layers"], c["classes"], c["heads"])
         return model, (data.randn(nodes, c["features"]), edge_index), lambda out: F.cross_entropy(out, target), adam
-    raise AssertionError(f"family {f!r} has no builder")
+    return None
 
 
 __all__ = ["FAMILIES", "SPLITS", "ZOO_FAMILIES", "Family", "NetworkSpec", "build_parts", "corpus", "family_names",

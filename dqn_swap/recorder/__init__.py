@@ -24,7 +24,7 @@ malloc / write / read / free).  For each op it records:
   op), on CUDA from the allocator's peak statistics reset before every op, on
   ``meta`` estimated for CUDA kernels (:func:`dqn_swap.ops.estimate_scratch`);
 * autograd's gradient accumulation as the in-place add it is in training
-  (:meth:`.mode._Recorder.accumulate_in_place`: under a dispatch mode the engine
+  (:meth:`.in_place.InPlaceRewrites.accumulate_in_place`: under a dispatch mode the engine
   falls back to an out-of-place add);
 * for every pack of a saved tensor, how many ops ran before it (the
   runtime's anchors, :attr:`Trace.saved_op`), whether it happened inside

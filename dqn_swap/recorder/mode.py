@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torch.utils.module_tracker import ModuleTracker
@@ -19,6 +18,7 @@ from ..meter import AllocatorTimeline
 from ..ops import UNANNOTATED_WRITES, estimate_scratch, node_name, op_name
 from ..support import local_tensor
 from ..trace import EventKind, Phase, Role, TraceBuilder
+from .in_place import InPlaceRewrites
 from .vocabulary import (_COLLECTIVES, _CUDA_BLOCK, _WRAPPED_BYTES, _ZERO_FILL, RecordingError, _mutated_args, _tensor_slots,
                          _tensors, _wire_bytes)
 
@@ -37,7 +37,7 @@ class _Saved:
             self.tensor = tensor.detach()
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(InPlaceRewrites, TorchDispatchMode):
     """Dispatch mode turning aten ops into trace events."""
 
     def __init__(self, builder: TraceBuilder, device: torch.device, time_ops: bool, measure_scratch: bool,
@@ -255,7 +255,7 @@ class _Recorder(TorchDispatchMode):
                 out.append((a.name, x, x.clone()))
         return out
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, C901
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         if self.pending_numbers:
             self.resolve_numbers()
@@ -268,13 +268,39 @@ class _Recorder(TorchDispatchMode):
         d = self.dispatched
         self.dispatched += 1
         self.current_op = str(func._overloadpacket)
+        out, peak_during, timing = self.run_op(func, args, kwargs, d)
+        for arg_name, x, copy_before in watched:
+            if not torch.equal(x, copy_before):  # written without a schema annotation
+                self.unannotated.setdefault(op_name(func), set()).add(arg_name)
+        outputs = self.on_device(out)
+        if not inputs and not outputs:  # host-side bookkeeping (optimizer step counters)
+            return out
+        if func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default):
+            self.view_outputs(func, outputs)
+            return out
+        self.record_op(func, args, kwargs, inputs, outputs, out, peak_during, d)
+        if timing is not None:
+            self.events.append(timing)
+        return out
+
+    def run_op(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, d: int
+               ) -> tuple[Any, int | None, tuple | None]:
+        """Run ``func`` (the ``d``-th op dispatched), measured as asked: its output, the CUDA
+        allocator's peak during it above what was allocated before (``None`` off CUDA or unasked),
+        and its pair of CUDA timing events (``None`` unless ops are timed).  On the CPU the
+        allocator's timeline marks it, for :meth:`scratch_from`.
+
+        Raises:
+            RecordingError: ``func`` failed; the message names it, where in the model, and the phase.
+        """
         cuda_peak = self.measure_scratch and self.device_type == "cuda"
         if cuda_peak:
             torch.cuda.reset_peak_memory_stats(self.device)
             before = torch.cuda.memory_allocated(self.device)
+        timing = None
         if self.time_ops:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            timing = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            timing[0].record()
         try:
             if self.measure_scratch and self.device_type == "cpu":
                 with AllocatorTimeline.mark(str(d)):
@@ -284,34 +310,36 @@ class _Recorder(TorchDispatchMode):
         except Exception as e:
             self.error_op = f"{func} in {self.module_path() or 'the model'} ({self.phase.name.lower()})"
             raise RecordingError(f"{self.error_op} failed: {type(e).__name__}: {e}") from e
-        if self.time_ops:
-            end.record()
-        if cuda_peak:
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self.iteration_peak = max(self.iteration_peak, int(peak))
-            peak_during = peak - before
-        for arg_name, x, copy_before in watched:
-            if not torch.equal(x, copy_before):  # written without a schema annotation
-                self.unannotated.setdefault(op_name(func), set()).add(arg_name)
-        outputs = self.on_device(out)
-        if not inputs and not outputs:  # host-side bookkeeping (optimizer step counters)
-            return out
-        if func.is_view or func in (torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default):
-            for o in outputs:  # a view holds its base storage alive
-                if o.untyped_storage()._cdata in self.unsharded:
-                    continue  # FSDP's unsharded parameters: FSDP says when they live (poll_unsharded)
-                if o.untyped_storage()._cdata in self.live:
-                    self.new_output(o)
-                else:
-                    # A storage no op made: a constant built on the fly (`torch.tensor([])` in a
-                    # Hugging Face cache, `x[..., 0] = 3`, lifted by lift_fresh) or a view of one;
-                    # counted as there from the start, like a tensor the loss captured, unless it
-                    # dies with the op that reads it (:meth:`fold_constants`).
-                    fresh_constant = self.seen.get(o) is None and o.untyped_storage()._cdata not in self.live
-                    tid = self.tid_of(o)
-                    if fresh_constant and func is torch.ops.aten.lift_fresh.default and self.active:
-                        self.constants.append(tid)
-            return out
+        if timing is not None:
+            timing[1].record()
+        if not cuda_peak:
+            return out, None, timing
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.iteration_peak = max(self.iteration_peak, int(peak))
+        return out, peak - before, timing
+
+    def view_outputs(self, func: torch._ops.OpOverload, outputs: list[torch.Tensor]) -> None:
+        """A view (or ``detach``, ``lift_fresh``) makes no storage: its outputs hold their base alive."""
+        for o in outputs:
+            if o.untyped_storage()._cdata in self.unsharded:
+                continue  # FSDP's unsharded parameters: FSDP says when they live (poll_unsharded)
+            if o.untyped_storage()._cdata in self.live:
+                self.new_output(o)
+            else:
+                # A storage no op made: a constant built on the fly (`torch.tensor([])` in a
+                # Hugging Face cache, `x[..., 0] = 3`, lifted by lift_fresh) or a view of one;
+                # counted as there from the start, like a tensor the loss captured, unless it
+                # dies with the op that reads it (:meth:`fold_constants`).
+                fresh_constant = self.seen.get(o) is None and o.untyped_storage()._cdata not in self.live
+                tid = self.tid_of(o)
+                if fresh_constant and func is torch.ops.aten.lift_fresh.default and self.active:
+                    self.constants.append(tid)
+
+    def record_op(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, inputs: list[torch.Tensor],  # noqa: C901
+                  outputs: list[torch.Tensor], out: Any, peak_during: int | None, d: int) -> None:
+        """Write the op ``func`` ran (the ``d``-th dispatched) into the trace: what it read, wrote and
+        made, its flops, bytes and scratch; and note what later passes over the trace need (numbers
+        autograd saves, gradient accumulations, zero fills, the CPU scratch marks)."""
         reads = [self.tid_of(t) for t in inputs]
         if func not in self.mutates:
             self.mutates[func] = _mutated_args(func)
@@ -335,7 +363,7 @@ class _Recorder(TorchDispatchMode):
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
         moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
         new_bytes = sum(self.b.t_nbytes[t] for t in fresh)
-        if cuda_peak:
+        if peak_during is not None:
             scratch = max(0, int(peak_during) - new_bytes)
         elif self.device_type == "meta":
             scratch = estimate_scratch(func, args, kwargs, out, self.kernels)
@@ -366,93 +394,6 @@ class _Recorder(TorchDispatchMode):
                 self.fills.append((i, self.seen[args[0]], fresh[0]))
         if self.measure_scratch and self.device_type == "cpu":
             self.marked.append((d, i, new_bytes))
-        if self.time_ops:
-            self.events.append((start, end))
-        return out
-
-    def accumulation_candidate(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> bool:
-        """Whether ``func`` may be autograd summing two gradients of one tensor (``a + b``, in backward,
-        into a dense result shaped like ``a``): see :meth:`accumulate_in_place`."""
-        if self.phase != Phase.BACKWARD or func is not torch.ops.aten.add.Tensor or kwargs.get("alpha", 1) != 1:
-            return False
-        a = args[0]
-        # The engine adds in place only into a tensor whose storage it holds alone
-        # (``can_accumulate_inplace``: ``storage().use_count() == 1``): a view keeps its base alive,
-        # so a gradient that is a view (a linear layer's weight gradient, ``mm(...).t()``) is summed
-        # out of place, into a new tensor (measured: the allocator's timeline shows the new block).
-        return (isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.device.type == self.device_type
-                and not a._is_view() and a.shape == out.shape and a.dtype == out.dtype and is_non_overlapping_and_dense_or_false(a)
-                and a.untyped_storage().nbytes() == out.untyped_storage().nbytes())
-
-    def fill_candidate(self, func: torch._ops.OpOverload, args: tuple, out: Any) -> bool:
-        """Whether ``func`` may be the out-of-place form of an in-place write into a zero-filled tensor
-        the same backward formula just made (``zeros(...).index_add(...)``): see :meth:`fill_in_place`."""
-        a = args[0] if args else None
-        if not (isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and self.seen.get(a) in self.zero_filled):
-            return False
-        name = func._overloadpacket.__name__
-        if not (name.endswith("_scatter") or hasattr(torch.ops.aten, name + "_")):
-            return False
-        return (a.dtype == out.dtype and a.shape == out.shape
-                and a.untyped_storage().nbytes() == out.untyped_storage().nbytes())
-
-    def fill_in_place(self) -> dict[int, int]:
-        """Record the in-place writes that backward formulas make into a fresh zero-filled tensor as
-        the in-place writes they are outside the recorder; returns the renamed tensors (result -> the
-        tensor written).
-
-        Several of autograd's formulas build a gradient by filling a fresh zero tensor in place
-        (``grad.new_zeros(sizes).index_add_(dim, index, grad)`` for ``index_select``, ``scatter_add_``
-        for ``gather``, ``index_put_`` for indexing, ``masked_scatter_`` for ``masked_select``) unless an
-        operand is "tensor-subclass-like" (``at::areAnyTensorSubclassLike``), in which case they call the
-        out-of-place form.  Under any ``TorchDispatchMode`` every tensor counts as subclass-like, so the
-        recorder sees the out-of-place form: a second tensor of the gradient's size alive at once with
-        the zeros (measured on the allocator's timeline: ``index_select``'s backward allocates one block
-        outside the recorder, two under it).  A backward op whose first operand is a zero-filled tensor
-        made in backward (``new_zeros``, ``zeros``, ``zeros_like``), read by nothing else, never saved and
-        freed by that very op, whose result is shaped like it and which has an in-place form (``op_``, or
-        is a ``*_scatter`` op, the functional form of a write into a view), writes that tensor instead
-        of allocating a new one."""
-        b = self.b
-        merged: dict[int, int] = {}
-        if not self.fills:
-            return merged
-        users: dict[int, set[int]] = {}
-        wanted = {into for _, into, _ in self.fills}
-        for kind, op, t in b.events:
-            if t in wanted and kind != EventKind.FREE:
-                users.setdefault(t, set()).add(op)
-        for op, into, out in self.fills:
-            alloc = b.t_alloc[into]
-            if (b.t_free[into] == op and b.t_saved[into] < 0 and b.t_role[into] == Role.TEMPORARY
-                    and self.zero_filled.get(into) == alloc and users.get(into, set()) <= {alloc, op}
-                    and b.t_alloc[out] == op and b.t_nbytes[out] == b.t_nbytes[into]):
-                b.write_in_place(op, out, into)
-                merged[out] = into
-        return merged
-
-    def accumulate_in_place(self, merged: dict[int, int] | None = None) -> None:
-        """Record autograd's gradient accumulation as the in-place add it is outside the recorder.
-
-        The autograd engine sums two gradients of one tensor with ``old.add_(new)`` when it
-        holds the last reference to ``old`` (``InputBuffer::accumulate`` in
-        ``torch/csrc/autograd/input_buffer.cpp``), and with ``old + new`` otherwise.  Under any
-        ``TorchDispatchMode`` every tensor has a Python object, so the reference count is never 1
-        and the engine always takes the out-of-place path: a recorded trace would hold both sums
-        at once at every residual junction (four activation-sized tensors instead of three in
-        ResNet-50's backward).  A backward ``a + b`` whose ``a`` was a gradient made in backward,
-        never saved and freed by that very op (the engine dropped it) is what the engine does in
-        place in training: the trace writes ``a`` instead of allocating a new tensor.
-        """
-        b = self.b
-        merged = dict(merged or {})  # tensors already renamed (fill_in_place): result -> the tensor it became
-        for op, into, out in self.accumulations:
-            into = merged.get(into, into)
-            alloc = b.t_alloc[into]
-            if (b.t_free[into] == op and b.t_saved[into] < 0 and b.t_role[into] == Role.TEMPORARY
-                    and alloc >= 0 and b.ops[alloc][1] == Phase.BACKWARD and b.t_alloc[out] == op):
-                b.write_in_place(op, out, into)
-                merged[out] = into
 
     def scratch_from(self, timeline: AllocatorTimeline) -> None:
         """Each op's scratch on the CPU: its allocations' peak above the bytes of its new outputs."""

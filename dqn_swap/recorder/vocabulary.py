@@ -29,7 +29,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
-# Backward ops that make a zero-filled tensor a formula then fills (:meth:`.mode._Recorder.fill_in_place`).
+# Backward ops that make a zero-filled tensor a formula then fills (:meth:`.in_place.InPlaceRewrites.fill_in_place`).
 _ZERO_FILL = frozenset({"aten.new_zeros", "aten.zeros", "aten.zeros_like"})
 
 # Bytes of the tensor PyTorch wraps a Python number in (``wrapped_scalar_tensor``: bool, int64,

@@ -166,6 +166,87 @@ def _windows(trace: Trace, ops: list[int]) -> tuple[Window, ...]:
     return tuple(windows[k] for k in sorted(windows))
 
 
+def _acted_on(trace: Trace, plan: Plan) -> tuple[set[int], set[int]]:
+    """The tensors ``plan`` swaps and those it recomputes; an action on a tensor autograd does not save
+    is refused."""
+    swap: set[int] = set()
+    recompute: set[int] = set()
+    for a in plan.actions:
+        if trace.tensor_saved_index[a.tensor] < 0:
+            raise ValueError(f"plan action {a} names tensor {a.tensor}, which autograd does not save in the "
+                             "forward pass: the runtime cannot carry it out; re-plan with `dqn-swap plan`")
+        (swap if a.kind == ActionKind.SWAP else recompute).add(int(a.tensor))
+    return swap, recompute
+
+
+@dataclass
+class _Reruns:
+    """What the schedule's re-run sequences ask of the runtime: see :class:`PlanIndex`'s fields of the
+    same names (``external``: non-persistent inputs of re-runs not made by the sequence itself)."""
+
+    record: set[int] = field(default_factory=set)
+    external: set[int] = field(default_factory=set)
+    forward_ops: dict[int, OpInfo] = field(default_factory=dict)
+    hold: dict[int, int] = field(default_factory=dict)
+    sequence_of: dict[int, int] = field(default_factory=dict)
+
+
+def _reruns(trace: Trace, sequences: list, recompute: set[int]) -> _Reruns:
+    """The ops to record, the inputs to track or hold, and per removed tensor the sequence that
+    re-creates it before its next use (a schedule that re-creates none is refused)."""
+    out = _Reruns()
+    starts = _op_event_slices(trace)
+    at_op = {n: i for i, (n, _) in enumerate(sequences)}
+    for i, (_, steps) in enumerate(sequences):
+        made: set[int] = set()
+        for step in steps:
+            out.record.add(step.op)
+            info = out.forward_ops.setdefault(step.op, _op_info(trace, starts, step.op))
+            for t in info.reads:
+                if t not in made and trace.tensor_alloc_op[t] >= 0:
+                    out.external.add(t)
+                    if trace.tensor_saved_index[t] < 0:
+                        out.hold[t] = i
+            made.update(step.keep)
+    returns = trace.action_window[1]
+    for t in recompute:  # a removed tensor is re-created by the sequence before its next use
+        i = at_op.get(int(returns[t]))
+        if i is not None and any(t in step.keep for step in sequences[i][1]):
+            out.sequence_of[t] = i
+    missing = [t for t in recompute if t not in out.sequence_of and returns[t] >= 0]
+    if missing:
+        raise ValueError(f"the plan's schedule does not re-create tensor {missing[0]}; re-plan with `dqn-swap plan`")
+    return out
+
+
+def _progress_packs(trace: Trace, prefetch: list[tuple[int, int]], n_saved: int, reads_at: np.ndarray,
+                    b0: int) -> set[int]:
+    """Packs whose pack (forward) or unpack (backward) gives the runtime control for a prefetch start:
+    for every start, the first pack at or after it in forward, else the first unpack at or after it
+    (packs the plan acts on give control anyway).  An autograd node unpacks all its saved tensors
+    right before its first op (``Trace.saved_unpack_op``), so a prefetch due at a later op of a node
+    starts at the next node's unpacks, not before its op (``Simulator.instant_copy_memory`` counts it
+    from there: ``Trace.progress_ops``)."""
+    anchors = trace.pack_progress_op
+    order = np.argsort(reads_at, kind="stable")
+    progress: set[int] = set()
+    late: list[int] = []
+    fwd_known = bool(len(anchors) and anchors[0] >= 0)
+    for _, op in prefetch:
+        if op < b0 and fwd_known:  # forward: the first pack at or after the op
+            j = int(np.searchsorted(anchors, op, side="left"))
+            if j < n_saved:
+                progress.add(j)
+                continue
+        if op >= b0 or fwd_known:  # backward, or after the last pack: the first unpack at or after it
+            late.append(op)
+    for op in late:
+        j = int(np.searchsorted(reads_at[order], op, side="left"))
+        if j < len(order) and reads_at[order[j]] != NO_OP:
+            progress.add(int(order[j]))
+    return progress
+
+
 def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanIndex:
     """Index ``plan`` (made for ``trace``, with its schedule) for the runtime.
 
@@ -178,14 +259,7 @@ def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanInd
     """
     if plan.schedule is None:
         raise ValueError("the plan has no schedule; dqn_swap.simulator.schedule_plan(trace, plan) makes one")
-    swap: set[int] = set()
-    recompute: set[int] = set()
-    for a in plan.actions:
-        if trace.tensor_saved_index[a.tensor] < 0:
-            raise ValueError(f"plan action {a} names tensor {a.tensor}, which autograd does not save in the "
-                             "forward pass: the runtime cannot carry it out; re-plan with `dqn-swap plan`")
-        (swap if a.kind == ActionKind.SWAP else recompute).add(int(a.tensor))
-
+    swap, recompute = _acted_on(trace, plan)
     n = trace.n_ops
     backward_ops = np.flatnonzero(trace.op_phase == Phase.BACKWARD)
     b0 = int(backward_ops[0]) if len(backward_ops) else n
@@ -196,38 +270,9 @@ def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanInd
     saved = trace.saved.astype(np.int64)
     sizes = -(-trace.tensor_nbytes[saved] // SIZE_QUANTUM) * SIZE_QUANTUM
     sched = plan.schedule
-    sequences = sched.recompute
-    sequence_of: dict[int, int] = {}
-    record: set[int] = set()
-    external: set[int] = set()  # non-persistent inputs of re-runs not made by the sequence itself
-    starts = _op_event_slices(trace)
-    forward_ops: dict[int, OpInfo] = {}
-    at_op = {n: i for i, (n, _) in enumerate(sequences)}
-    hold: dict[int, int] = {}
-    for i, (_, steps) in enumerate(sequences):
-        made: set[int] = set()
-        for step in steps:
-            record.add(step.op)
-            info = forward_ops.setdefault(step.op, _op_info(trace, starts, step.op))
-            for t in info.reads:
-                if t not in made and trace.tensor_alloc_op[t] >= 0:
-                    external.add(t)
-                    if trace.tensor_saved_index[t] < 0:
-                        hold[t] = i
-            made.update(step.keep)
-    returns = trace.action_window[1]
-    for t in recompute:  # a removed tensor is re-created by the sequence before its next use
-        i = at_op.get(int(returns[t]))
-        if i is not None and any(t in step.keep for step in sequences[i][1]):
-            sequence_of[t] = i
-    missing = [t for t in recompute if t not in sequence_of and returns[t] >= 0]
-    if missing:
-        raise ValueError(f"the plan's schedule does not re-create tensor {missing[0]}; re-plan with `dqn-swap plan`")
+    reruns = _reruns(trace, sched.recompute, recompute)
 
-    flags = [0] * len(saved)
-    position = [-1] * len(saved)
-    anchors = trace.pack_progress_op  # per pack, the op whose memory is allocated when it happens
-    counted = set(record)
+    counted = set(reruns.record)
     if check_ops:
         counted.update(range(b0))
     windows = _windows(trace, sorted(counted)) if counted else ()
@@ -235,39 +280,22 @@ def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanInd
         # Counting goes on to the end of the forward pass (an op the live iteration runs between two
         # module calls and the trace does not is seen at once, and every module call checks the count).
         windows = tuple(Window(w.call, w.start, max(w.end, b0 - 1)) for w in windows)
-    # Unpacks that give the runtime control in backward: for every prefetch start, the pack whose
-    # unpack is the first at or after it (packs the plan acts on give control anyway).  An autograd
-    # node unpacks all its saved tensors right before its first op (``Trace.saved_unpack_op``), so
-    # a prefetch due at a later op of a node starts at the next node's unpacks, not before its op
-    # (``Simulator.instant_copy_memory`` counts it from there: ``Trace.progress_ops``).
     unpacked = trace.saved_unpack_op.astype(np.int64)
     if len(unpacked) and np.any(unpacked >= 0):
         reads_at = np.where(unpacked >= 0, unpacked, NO_OP)
     else:
         reads_at = first[saved]  # a trace that does not know its unpacks: the first backward read
-    order = np.argsort(reads_at, kind="stable")
-    progress: set[int] = set()
-    late: list[int] = []
-    fwd_known = bool(len(anchors) and anchors[0] >= 0)
-    for _, op in sched.prefetch:
-        if op < b0 and fwd_known:  # forward: the first pack at or after the op
-            j = int(np.searchsorted(anchors, op, side="left"))
-            if j < len(saved):
-                progress.add(j)
-                continue
-        if op >= b0 or fwd_known:  # backward, or after the last pack: the first unpack at or after it
-            late.append(op)
-    for op in late:
-        j = int(np.searchsorted(reads_at[order], op, side="left"))
-        if j < len(order) and reads_at[order[j]] != NO_OP:
-            progress.add(int(order[j]))
+    progress = _progress_packs(trace, sched.prefetch, len(saved), reads_at, b0)
+    anchors = trace.pack_progress_op  # per pack, the op whose memory is allocated when it happens
+    flags = [0] * len(saved)
+    position = [-1] * len(saved)
     for k, tid in enumerate(saved.tolist()):
         f = 0
         if tid in swap:
             f |= SWAP
         elif tid in recompute:
             f |= RECOMPUTE
-        elif tid in external:
+        elif tid in reruns.external:
             f |= TRACK
         if k in progress:
             f |= PROGRESS
@@ -283,10 +311,10 @@ def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanInd
                     if held_op[a.tensor] >= trace.event_op[a.event]}
     return PlanIndex(trace=trace, plan=plan, swap=frozenset(swap), recompute=frozenset(recompute),
                      saved_tids=saved, saved_sizes=sizes, pack_flags=flags, pack_position=position,
-                     first_backward_read=first, unpack_position=reads_at.tolist(), first_backward_op=b0, prefetch=tuple(sched.prefetch),
-                     sequences=tuple(sequences), sequence_of=sequence_of, hold_inputs=hold,
-                     record_ops=frozenset(record),
-                     forward_ops=forward_ops, windows=windows, written_in_forward=written_persistent,
+                     first_backward_read=first, unpack_position=reads_at.tolist(), first_backward_op=b0,
+                     prefetch=tuple(sched.prefetch), sequences=tuple(sched.recompute),
+                     sequence_of=reruns.sequence_of, hold_inputs=reruns.hold, record_ops=frozenset(reruns.record),
+                     forward_ops=reruns.forward_ops, windows=windows, written_in_forward=written_persistent,
                      max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes), held_removed=held_removed)
 
 
