@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..files import write_text
+from ..units import format_bytes
 from .common import AGENT_HELP, MAX_SEED, MAX_STEPS, batch_size, check_host_memory, load_trace, whole
 
 # The names of dqn_swap.integrations.experiment.METHODS and RENAMED_METHODS, written out so that
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cost import PROFILES
     from ..limits import MemoryLimit
-    from ..integrations.experiment import report_table, run_planned_training
+    from ..integrations.experiment import run_planned_training
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA GPU is available (use --device cpu)")
@@ -217,3 +219,50 @@ def _saved_plan(args: argparse.Namespace):  # noqa: ANN202
                          "recording on CUDA measures op times anew, so it never matches the plan's trace")
     args.memory_limit = plan.memory_limit
     return plan, trace
+
+
+def report_table(report: dict[str, Any]) -> str:
+    """The report of :func:`~dqn_swap.integrations.experiment.run_planned_training` as a table for people."""
+
+    def size(value: Any) -> str:
+        return format_bytes(value) if isinstance(value, (int, float)) else "-"
+
+    plan = report["plan"]
+    spec = report.get("memory_limit_spec")
+    limit = size(report["memory_limit"]) + (f" ({spec})" if spec and spec != str(report["memory_limit"]) else "")
+    source = " measured" if report.get("unplanned_peak_source") == "measured" else ""
+    lines = [f"{report['model']} batch {report['batch_size']} on {report.get('gpu') or report['device']}, "
+             f"limit {limit}, unplanned peak{source} {size(report['unplanned_peak_bytes'])}; "
+             f"plan: {plan['planner']}, {plan['swaps']} swaps / {plan['recomputes']} recomputes",
+             f"{'method':<12} {'status':<7} {'step ms':>9} {'samples/s':>10} {'peak alloc':>12} {'peak reserved':>14}"]
+    for name, r in report["methods"].items():
+        if r.get("status") != "ok":
+            lines.append(f"{name:<12} {r.get('status', '?'):<7} {r.get('error', '')}".rstrip())
+            continue
+        alloc = size(r.get("peak_allocated"))
+        reserved = size(r.get("peak_reserved"))
+        lines.append(f"{name:<12} {'ok':<7} {r['step_time_s'] * 1e3:>9.2f} {r['throughput']:>10.1f} "
+                     f"{alloc:>12} {reserved:>14}")
+    if not str(report["device"]).startswith("cuda"):
+        lines.append(f"memory on {report['device']}: the allocator's timeline of one more, untimed step "
+                     "(save_on_cpu not measured: its host memory is the same memory)")
+        lines.append(f"times on {report['device']}: host compute, with copies that are moves within host memory; "
+                     "they say nothing of a GPU's, so no step time is compared (the simulator's are the profile's "
+                     "GPU's)")
+    sim = report.get("simulator")
+    if sim:
+        overhead = f"{100 * sim['overhead']:.1f}%" if isinstance(sim.get("overhead"), float) else "-"
+        lines.append(f"simulator: feasible {sim['feasible']}, overhead {overhead}, peak {size(sim['peak_bytes'])}, "
+                     f"peak with instant copies (what a synchronous device holds) "
+                     f"{size(sim.get('instant_copy_peak_bytes'))}")
+    for key, value in report.get("comparison", {}).items():
+        if key.endswith("_allocated") or key.endswith("_bytes"):
+            lines.append(f"{key}: {size(value)}")
+        else:
+            lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+    for method, r in report.get("largest_batch", {}).items():
+        if isinstance(r, dict):
+            found = r["batch_size"] if r.get("batch_size") is not None else "none"
+            lines.append(f"largest batch under {size(report['largest_batch']['budget'])} with {method}: "
+                         f"{found} ({r['how']})")
+    return "\n".join(lines)

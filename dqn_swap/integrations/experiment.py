@@ -512,57 +512,8 @@ def largest_batch(model_name: str, budget: int, method: str, device: torch.devic
     return {"batch_size": lo or None, "probes": probes, "how": "measured" if measured else "predicted"}
 
 
-# --------------------------------------------------------------------------- the report as text
-def report_table(report: dict[str, Any]) -> str:
-    """The report of :func:`run_planned_training` as a table for people (``dqn-swap run``)."""
-    from ..units import format_bytes
-
-    def size(value: Any) -> str:
-        return format_bytes(value) if isinstance(value, (int, float)) else "-"
-
-    plan = report["plan"]
-    spec = report.get("memory_limit_spec")
-    limit = size(report["memory_limit"]) + (f" ({spec})" if spec and spec != str(report["memory_limit"]) else "")
-    source = " measured" if report.get("unplanned_peak_source") == "measured" else ""
-    lines = [f"{report['model']} batch {report['batch_size']} on {report.get('gpu') or report['device']}, "
-             f"limit {limit}, unplanned peak{source} {size(report['unplanned_peak_bytes'])}; "
-             f"plan: {plan['planner']}, {plan['swaps']} swaps / {plan['recomputes']} recomputes",
-             f"{'method':<12} {'status':<7} {'step ms':>9} {'samples/s':>10} {'peak alloc':>12} {'peak reserved':>14}"]
-    for name, r in report["methods"].items():
-        if r.get("status") != "ok":
-            lines.append(f"{name:<12} {r.get('status', '?'):<7} {r.get('error', '')}".rstrip())
-            continue
-        alloc = size(r.get("peak_allocated"))
-        reserved = size(r.get("peak_reserved"))
-        lines.append(f"{name:<12} {'ok':<7} {r['step_time_s'] * 1e3:>9.2f} {r['throughput']:>10.1f} "
-                     f"{alloc:>12} {reserved:>14}")
-    if not str(report["device"]).startswith("cuda"):
-        lines.append(f"memory on {report['device']}: the allocator's timeline of one more, untimed step "
-                     "(save_on_cpu not measured: its host memory is the same memory)")
-        lines.append(f"times on {report['device']}: host compute, with copies that are moves within host memory; "
-                     "they say nothing of a GPU's, so no step time is compared (the simulator's are the profile's "
-                     "GPU's)")
-    sim = report.get("simulator")
-    if sim:
-        overhead = f"{100 * sim['overhead']:.1f}%" if isinstance(sim.get("overhead"), float) else "-"
-        lines.append(f"simulator: feasible {sim['feasible']}, overhead {overhead}, peak {size(sim['peak_bytes'])}, "
-                     f"peak with instant copies (what a synchronous device holds) "
-                     f"{size(sim.get('instant_copy_peak_bytes'))}")
-    for key, value in report.get("comparison", {}).items():
-        if key.endswith("_allocated") or key.endswith("_bytes"):
-            lines.append(f"{key}: {size(value)}")
-        else:
-            lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
-    for method, r in report.get("largest_batch", {}).items():
-        if isinstance(r, dict):
-            found = r["batch_size"] if r.get("batch_size") is not None else "none"
-            lines.append(f"largest batch under {size(report['largest_batch']['budget'])} with {method}: "
-                         f"{found} ({r['how']})")
-    return "\n".join(lines)
-
-
 __all__ = ["METHODS", "RENAMED_METHODS", "block_modules", "checkpoint_blocks", "compare",
-           "largest_batch", "make_planned", "measured_cpu_peak", "record", "report_table",
+           "largest_batch", "make_planned", "measured_cpu_peak", "record",
            "run_planned_training", "simulate_plan", "train_steps"]
 
 
