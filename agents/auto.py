@@ -47,7 +47,7 @@ import numpy as np
 from dqn_swap.cost import DeviceProfile, profile_of
 from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Plan
-from dqn_swap.planner_options import renamed_setting
+from dqn_swap.planner_options import checked_seconds, renamed_setting
 from dqn_swap.planners import get_planner, plan_cost
 from dqn_swap.progress import progress
 from dqn_swap.simulator import Simulator
@@ -121,10 +121,7 @@ class AutoPlanner:
                  threads: int | None = None, seconds: float | None = None) -> None:
         if seconds is not None:
             time_limit = renamed_setting("seconds", "time_limit", seconds)
-        if time_limit is not None and not (isinstance(time_limit, (int, float)) and np.isfinite(time_limit)
-                                           and time_limit > 0):
-            raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
-        self.time_limit = None if time_limit is None else float(time_limit)
+        self.time_limit = checked_seconds("auto", "time_limit", time_limit)
         self.threads = threads
         self.agent = agent
         # Loaded here, as dqn-search loads it (torch and the agent: about 2 s), not in a plan's budget.

@@ -21,7 +21,13 @@ def saved_activations(trace: Trace) -> list[int]:
 
 
 def last_forward_event(trace: Trace, tid: int) -> int:
-    """The last event of ``tid`` in its last forward use (the event a plan acts after)."""
+    """The last event of ``tid`` in its last forward use (the event a plan acts after).
+
+    Raises:
+        ValueError: ``tid`` is not a tensor id of ``trace``, or no plan can move that tensor.
+    """
+    if isinstance(tid, bool) or not isinstance(tid, (int, np.integer)) or not 0 <= int(tid) < trace.n_tensors:
+        raise ValueError(f"tensor {tid!r} is not a tensor of this trace (ids 0 to {trace.n_tensors - 1})")
     op = int(trace.action_window[0][tid])
     ev = np.flatnonzero((trace.event_tensor == tid) & (trace.event_op == op) & (trace.event_kind != EventKind.FREE))
     if op < 0 or not len(ev):

@@ -31,6 +31,17 @@ from pathlib import Path
 from .stop import check as check_stop
 
 
+
+def folder_problem(path: Path) -> OSError | None:
+    """Why the folder of ``path`` cannot take a new file: it is missing, or it is a file (``-o
+    p.json/x.json``); ``None`` where it is a folder."""
+    folder = path.parent
+    if folder.is_dir():
+        return None
+    if folder.exists() or folder.is_symlink():
+        return NotADirectoryError(f"{path}: {folder} is a file, not a folder")
+    return FileNotFoundError(f"{path}: directory {folder} does not exist")
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -50,6 +61,29 @@ def unreadable(path: str | os.PathLike[str], error: BaseException, what: str, mi
     return None
 
 
+def check_new_file(path: str | os.PathLike[str], overwrite: bool = False,
+                   hint: str = "pass --force to replace it") -> Path:
+    """``path`` as a :class:`~pathlib.Path` where a file may be written: not a folder, not a device, FIFO
+    or socket, not an existing file or link unless ``overwrite``, in a folder that is there.  What
+    :func:`write_atomically` checks first; a writer that has work to do before it writes checks it
+    before that work.
+
+    Raises:
+        IsADirectoryError, FileExistsError, NotADirectoryError, FileNotFoundError: one line naming ``path``
+            (``hint`` says how to replace an existing file).
+    """
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    refuse_to_replace_special(path)
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise FileExistsError(f"{path}: already exists ({hint})")
+    problem = folder_problem(path)
+    if problem is not None:
+        raise problem
+    return path
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False) -> Path:
     """Write ``data`` to ``path`` through an exclusive temporary file beside it, then move it into place.
 
@@ -59,15 +93,8 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, overwrite: bo
     (:func:`dqn_swap.stop.check`).
     """
     check_stop()
-    path = Path(path)
-    if path.is_dir() and not path.is_symlink():
-        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
-    refuse_to_replace_special(path)
-    if (path.exists() or path.is_symlink()) and not overwrite:
-        raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
+    path = check_new_file(path, overwrite)
     folder = path.parent
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{path}: directory {folder} does not exist")
     short = _short(path.name)
     _clean_stale(folder, short)
     try:
@@ -286,5 +313,6 @@ def other_kind(path: str | os.PathLike[str], expected: str) -> str | None:
     return f"{path}: {FILE_KINDS[kind]}, not {FILE_KINDS[expected].split(' (')[0]}"
 
 
-__all__ = ["FILE_KINDS", "OutputBusy", "is_plain_name", "kind_of_file", "link_new", "not_a_regular_file", "other_kind",
-           "output_lock", "refuse_to_replace_special", "save_figure", "write_atomically", "write_text"]
+__all__ = ["FILE_KINDS", "OutputBusy", "check_new_file", "folder_problem", "is_plain_name", "kind_of_file",
+           "link_new", "not_a_regular_file", "other_kind", "output_lock", "refuse_to_replace_special", "save_figure",
+           "write_atomically", "write_text"]

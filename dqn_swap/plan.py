@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from .errors import DqnSwapInputError
-from .files import not_a_regular_file, other_kind, unreadable, write_atomically
+from .files import check_new_file, not_a_regular_file, other_kind, unreadable, write_atomically
 from .units import MAX_BYTES
 
 if TYPE_CHECKING:
@@ -163,9 +163,7 @@ class Plan:
         }
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-        path = Path(path)
-        if path.exists() and not overwrite:
-            raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
+        path = check_new_file(path, overwrite)
         return write_atomically(path, (json.dumps(self.to_json(), indent=1) + "\n").encode(), overwrite=overwrite)
 
     @classmethod

@@ -96,6 +96,22 @@ def simulation_count(text: str) -> int:
     return value
 
 
+def checked_seconds(planner: str, setting: str, value: Any, *, optional: bool = True) -> float | None:
+    """A planner's time setting (``time_limit``, ``wall_limit`` ...) as seconds: a positive finite
+    number, or ``None`` (no limit) where ``optional``.
+
+    Raises:
+        ValueError: anything else (a string, a bool, zero, a negative or infinite number), in one line
+            that names the planner and the setting.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        none = " or None" if optional else ""
+        raise ValueError(f"planner {planner!r}: {setting} must be a positive number of seconds{none}, not {value!r}")
+    return float(value)
+
+
 def renamed_setting(old: str, new: str, value: Any) -> Any:
     """``value``, given under a planner setting's former name ``old``: a ``DeprecationWarning`` says
     its name is ``new`` now (a planner's constructor calls this for each renamed keyword)."""
@@ -111,4 +127,4 @@ def readers_text(readers: Sequence[str]) -> str:
     return "--planner " + (names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1])
 
 
-__all__ = ["PlannerOption", "positive_seconds", "readers_text", "renamed_setting", "simulation_count"]
+__all__ = ["PlannerOption", "checked_seconds", "positive_seconds", "readers_text", "renamed_setting", "simulation_count"]

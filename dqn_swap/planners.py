@@ -316,6 +316,10 @@ def manual_plan(trace: Trace, swap: Iterable[int] = (), recompute: Iterable[int]
     """
     from .simulator import Simulator
 
+    swap, recompute = list(swap), list(recompute)
+    both = sorted(set(swap) & set(recompute))
+    if both:
+        raise ValueError(f"tensor {both[0]} is both in swap and in recompute: a plan does one or the other")
     limit = int(memory_limit if memory_limit is not None else trace.peak_bytes)
     actions = [Action(last_forward_event(trace, t), int(t), ActionKind.SWAP) for t in swap]
     actions += [Action(last_forward_event(trace, t), int(t), ActionKind.RECOMPUTE) for t in recompute]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import refuse_to_replace_special
+from .files import folder_problem, refuse_to_replace_special
 from .trace import Phase, Trace
 
 # Written into every PNG we make, so that a later run may replace our own plot
@@ -57,8 +57,9 @@ def check_output(path: str | os.PathLike[str], force: bool = False, png: bool = 
         raise FileExistsError(f"{path}: already exists (pass --force to replace it)")
     if path.is_symlink() and not force:
         raise FileExistsError(f"{path}: is a link (pass --force to replace the link itself; it is not followed)")
-    if not path.parent.exists():
-        raise FileNotFoundError(f"{path}: directory {path.parent} does not exist")
+    problem = folder_problem(path)
+    if problem is not None:
+        raise problem
     if not os.access(path.parent, os.W_OK):
         raise PermissionError(f"{path}: directory {path.parent} is not writable")
     return path

@@ -51,7 +51,7 @@ from dqn_swap.agents import AUTO_COVER_NODES, DQN_DECODINGS
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.limits import plan_bytes
 from dqn_swap.plan import Plan
-from dqn_swap.planner_options import renamed_setting
+from dqn_swap.planner_options import checked_seconds, renamed_setting
 from dqn_swap.planners import plan_cost
 from dqn_swap.progress import Progress, progress
 from dqn_swap.trace import Trace
@@ -532,9 +532,7 @@ class DQNSearchPlanner(DQNPlanner):
         self.k = int(k)
         if time_budget is not None:
             time_limit = renamed_setting("time_budget", "time_limit", time_budget)
-        if time_limit is not None and not (float(time_limit) > 0 and np.isfinite(float(time_limit))):
-            raise ValueError(f"time_limit must be a positive number of seconds or None, not {time_limit!r}")
-        self.time_limit = None if time_limit is None else float(time_limit)
+        self.time_limit = checked_seconds("dqn-search", "time_limit", time_limit)
 
     def plan(self, trace: Trace, memory_limit: int, profile: str | DeviceProfile | None = None) -> Plan:
         memory_limit = plan_bytes(memory_limit, f"planner {self.name!r}")

@@ -62,6 +62,7 @@ import numpy as np
 
 from dqn_swap.agents.baselines.base import ActionSet, BasePlanner, Evaluator, TraceFacts
 from dqn_swap.plan import ActionKind
+from dqn_swap.planner_options import checked_seconds
 
 from dqn_swap.progress import Progress as ProgressLine
 from dqn_swap.stop import check as check_stop
@@ -140,6 +141,13 @@ class OptimalPlanner(BasePlanner):
         return {"time_limit": 600.0, "wall_limit": None, "gap": 1e-4, "checkpoints": 10, "rounds": 30,
                 "chain_depth": 3, "fifo": True, "incumbents": DEFAULT_INCUMBENTS, "agent": None,
                 "progress": False, "round_time_limit": None, "cut_only_rounds": None}
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        s = self.settings
+        s["time_limit"] = checked_seconds(self.name, "time_limit", s["time_limit"], optional=False)
+        for key in ("wall_limit", "round_time_limit"):
+            s[key] = checked_seconds(self.name, key, s[key])
 
     def progress_enabled(self) -> bool | None:
         return True if self.settings["progress"] else None

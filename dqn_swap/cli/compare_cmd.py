@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import link_new, write_text
+from ..files import folder_problem, link_new, write_text
 from .common import AGENT_HELP, add_planner_options, given_flags, load_trace, planner_values, print_json
 from .simulate_cmd import LIMIT_HELP
 
@@ -451,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
     if folder.exists():
         md_path = check_output(folder / "compare.md", args.force)
         csv_path = check_output(folder / "compare.csv", args.force)
+    elif (problem := folder_problem(folder)) is not None:  # its folder is missing, or a file (-o p.json/sub)
+        raise problem
     if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
         raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
     rows = compare_grid(traces, limits, planners, args.agent, progress=True, options=planner_values(args))

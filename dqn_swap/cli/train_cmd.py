@@ -147,9 +147,26 @@ def verdict(result: Any, start_phase: str) -> tuple[float | None, str]:
     if result.best.get("phase") == start_phase:
         return first["score"], (f"training did not improve on {who} (score {first['score']:.4f}): the file holds "
                                 f"{who}'s weights")
-    return first["score"], (f"training improved on {who}: score {result.best['score']:.4f} against "
-                            f"{first['score']:.4f} ({result.best['score'] / first['score'] - 1:+.1%})"
-                            if first["score"] else f"training improved on {who}")
+    said = (f"training improved on {who}: score {result.best['score']:.4f} against "
+            f"{first['score']:.4f} ({result.best['score'] / first['score'] - 1:+.1%})"
+            if first["score"] else f"training improved on {who}")
+    worse = worse_cells(result, first)
+    if worse:
+        said += (f"; it is not better everywhere: the file holds the better agent on the mean, and {who} plans "
+                 f"better at {', '.join(worse)}")
+    return first["score"], said
+
+
+def worse_cells(result: Any, first: dict[str, Any]) -> list[str]:
+    """The cells (trace @ limit) where the agent kept scores worse than the one to beat (its evaluation
+    ``first``), each with both scores, the one to beat's first: what a better mean can hide."""
+    best = next((e for e in result.evaluations if e.get("step") == result.best.get("step")
+                 and e.get("phase") == result.best.get("phase")), None)
+    if best is None or not best.get("per_env") or not first.get("per_env"):
+        return []
+    return [f"{name} ({-first['per_env'][name]['return']:.4f} against {-row['return']:.4f})"
+            for name, row in best["per_env"].items()
+            if name in first["per_env"] and -row["return"] > -first["per_env"][name]["return"] + 1e-12]
 
 
 def summarise(result: Any, args: argparse.Namespace, curve_label: str, start_phase: str = "reference") -> int:

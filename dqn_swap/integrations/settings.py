@@ -3,9 +3,13 @@ makes) and the error it raises."""
 
 from __future__ import annotations
 
-
+import weakref
 
 from ..errors import DqnSwapRuntimeError
+
+#: model -> the AutoPlan attached to it, until its ``remove()``: one per model (two sets of hooks would
+#: each record, plan and swap the same tensors); a copy of a model is another key.
+ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 NEW_SHAPES = ("plan", "refuse")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import not_a_regular_file, other_kind, unreadable, write_atomically
+from ..files import check_new_file, not_a_regular_file, other_kind, unreadable, write_atomically
 from .schema import _ARRAYS, _OPTIONAL, FORMAT, READ_VERSIONS, VERSION, TraceError
 
 
@@ -25,9 +25,7 @@ class TraceFile:
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Write the trace; refuses to replace an existing file unless ``overwrite``."""
-        path = Path(path)
-        if path.exists() and not overwrite:
-            raise FileExistsError(f"{path}: already exists (pass overwrite=True / --force to replace it)")
+        path = check_new_file(path, overwrite, hint="pass overwrite=True / --force to replace it")
         meta = {"format": FORMAT, "version": VERSION, "op_names": self.op_names,
                 "module_names": self.module_names, **self.meta}
         meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)

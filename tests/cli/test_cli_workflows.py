@@ -661,3 +661,27 @@ def test_compare_several_agents_at_once(resnet, tmp_path, capsys):
     code, _, err = run(["compare", str(resnet), "--planners", "dqn", "--agent", agents[0], agents[0],
                         "--memory-limits", "50%", "-o", str(tmp_path / "d")], capsys)
     one_line_error(code, err, "the same agent twice")
+
+
+def test_a_better_mean_names_the_cells_where_the_agent_to_beat_plans_better() -> None:
+    """The summary's verdict: an agent kept for its mean score says where the reference plans better."""
+    from types import SimpleNamespace
+
+    from dqn_swap.cli.train_cmd import verdict
+
+    def ev(step: int, phase: str | None, scores: dict[str, float]) -> dict:
+        return {"step": step, "score": sum(scores.values()) / len(scores), **({"phase": phase} if phase else {}),
+                "per_env": {n: {"return": -s} for n, s in scores.items()}}
+
+    ref = ev(0, "reference", {"net@90%": 0.0109, "net@50%": 0.0577, "net@30%": 0.20})
+    trained = ev(1000, None, {"net@90%": 0.0149, "net@50%": 0.0577, "net@30%": 0.10})
+    result = SimpleNamespace(evaluations=[ref, trained], best={"step": 1000, "score": trained["score"]})
+    score, said = verdict(result, "reference")
+    assert score == ref["score"]
+    assert said.startswith("training improved on the reference agent")
+    assert "plans better at net@90% (0.0109 against 0.0149)" in said and "50%" not in said.split("plans better")[1]
+    everywhere = SimpleNamespace(evaluations=[ref, ev(1000, None, {"net@90%": 0.01, "net@50%": 0.05, "net@30%": 0.1})],
+                                 best={"step": 1000, "score": 0.0533})
+    assert "not better everywhere" not in verdict(everywhere, "reference")[1]
+    kept = SimpleNamespace(evaluations=[ref, trained], best={"step": 0, "phase": "reference", "score": ref["score"]})
+    assert verdict(kept, "reference")[1].startswith("training did not improve on the reference agent")
