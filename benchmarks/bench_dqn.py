@@ -256,7 +256,7 @@ def _recorded_run(path: Path, trace, limits: list[float], steps: int):  # noqa: 
 
 def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
     from dqn_swap.agents.dqn import DQNConfig
-    from dqn_swap.agents.dqn.algorithm import finetune, train
+    from dqn_swap.agents.dqn.algorithm import eval_cadence, finetune, train
     from dqn_swap.agents.dqn.report import parse_overrides, plot_curves
 
     out: dict[str, Any] = {}
@@ -268,7 +268,8 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
         model, _, batch = spec.rpartition(":")  # hf:llama:32 -> hf:llama, 32
         trace = get_trace(model, int(batch))
         name = slug(model)
-        base = DQNConfig(total_timesteps=args.steps, eval_every=max(args.steps // 10, 1), seed=args.seed).replace(
+        # both runs evaluate at their own default cadence (a twentieth of their steps), as a user's runs do
+        base = DQNConfig(total_timesteps=args.steps, eval_every=eval_cadence(args.steps), seed=args.seed).replace(
             **overrides)
         d = ROOT / "runs" / "transfer"
         limits = list(args.limits)
@@ -288,7 +289,7 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
         tag += seed_tag
         ft = finetune(args.agent, trace, [pct(f) for f in limits], d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
                       start_e=args.start_e, lr_factor=args.lr_factor,
-                      config_overrides={**overrides, "eval_every": max(ft_steps // 6, 1), "seed": args.seed},
+                      config_overrides={**overrides, "seed": args.seed},
                       profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune{tag}", overwrite=True,
                       threads=args.threads)
