@@ -129,6 +129,14 @@ CATALOG: tuple[Entry, ...] = (
           "transfer"),
     Entry("dqn_transfer_finetune20_se_cnn_lr1_s[0-9]", "The same from gen:se_cnn:2 with the full learning rate",
           "transfer"),
+    Entry("dqn_transfer_finetune20_se_cnn_tf1_s[0-9]", "The same from gen:se_cnn:2 with one update per step, "
+          "fine-tuning's default since (the scratch runs evaluated every 1,000 steps, as by default)", "transfer"),
+    Entry("dqn_transfer_finetune20_resnet50_152_s[0-9]", "Fine-tuning an agent trained on ResNet-50 b32 alone "
+          "(4,000 steps, same seed) on ResNet-152 b32 against training from scratch there, 20 % of the steps",
+          "transfer"),
+    Entry("dqn_transfer_finetune20_llama8_32_s[0-9]", "Fine-tuning an agent trained on an 8-layer Llama alone "
+          "(4,000 steps, same seed) on a 32-layer one of the same width (benchmarks/configs/llama-32l-512) "
+          "against training from scratch there, 20 % of the steps", "transfer"),
     Entry("dqn_transfer_finetune20_demonstrations", "The same with demonstrations for both runs", "transfer"),
     Entry("dqn_transfer_finetune20_search", "The shipped, scratch and fine-tuned agents planning through "
           "dqn-search (needs the seed-0 transfer run's agents in runs/transfer/)", "transfer-search"),
@@ -223,8 +231,11 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("transfer", "Fine-tuning against training from scratch",
      "Best greedy score of each run (lower is better); fine-tuning gets 20 % of the scratch run's steps. The "
      "`se_cnn` runs fine-tune an agent trained (20,000 steps, same seed) on a smaller member of the family, "
-     "`gen:se_cnn:2` (1,789 events), on a larger one, `gen:se_cnn:1` (3,448); the last column is the first "
-     "evaluation at which the scratch run scored as well as the fine-tuned agent's best."),
+     "`gen:se_cnn:2` (1,789 events), on a larger one, `gen:se_cnn:1` (3,448); `se_cnn_tf1` does so with one "
+     "update per step, fine-tuning's default now (the others: one every four steps). `resnet50_152` and "
+     "`llama8_32` fine-tune an agent trained (4,000 steps, same seed) on ResNet-50 b32 or an 8-layer Llama "
+     "b16 alone on ResNet-152 b32 or a 32-layer Llama of the same width b16. The last column is the first evaluation at which "
+     "the scratch run scored as well as the fine-tuned agent's best."),
     ("transfer-search", "Planned through `dqn-search`", "Mean overhead over the four limits."),
     ("overhead", "Planned training's step time (CPU)",
      "Median step time against unplanned training, the methods interleaved step by step in one run."),

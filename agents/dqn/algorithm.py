@@ -215,8 +215,8 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
     not exploration.  Measured on ``gen:se_cnn:2`` -> ``gen:se_cnn:1``, three seeds (docs/results.md,
     "Fine-tuning against training from scratch"): 4,000 steps of fine-tuning (20 % of training
     from scratch) reached best scores of 0.0204 / 0.0199 / 0.0237 with an update every four steps,
-    and 0.0136 / 0.0174 / ... with one per step, against the scratch runs' 0.0185 / 0.0148 / 0.0182
-    in 20,000 steps.  Each step costs about three times the CPU time.
+    and 0.0136 / 0.0174 / 0.0222 with one per step, against the scratch runs' 0.0185 / 0.0148 / 0.0164
+    in 20,000 steps.  Each step costs about three and a half times the CPU time.
 
     ``agent_file`` may be an ensemble file: the network trained is then the mean of its
     members' Q-values (:class:`~.policy.QEnsemble`; ours), every member's weights move with the
