@@ -231,10 +231,10 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("transfer", "Fine-tuning against training from scratch",
      "Best greedy score of each run (lower is better); fine-tuning gets 20 % of the scratch run's steps. The "
      "`se_cnn` runs fine-tune an agent trained (20,000 steps, same seed) on a smaller member of the family, "
-     "`gen:se_cnn:2` (1,789 events), on a larger one, `gen:se_cnn:1` (3,448); `se_cnn_tf1` does so with one "
-     "update per step, fine-tuning's default now (the others: one every four steps). `resnet50_152` and "
-     "`llama8_32` fine-tune an agent trained (4,000 steps, same seed) on ResNet-50 b32 or an 8-layer Llama "
-     "b16 alone on ResNet-152 b32 or a 32-layer Llama of the same width b16. The last column is the first evaluation at which "
+     "`gen:se_cnn:2` (1,789 events), on a larger one, `gen:se_cnn:1` (3,448). `resnet50_152` and `llama8_32` "
+     "fine-tune an agent trained (4,000 steps, same seed) on ResNet-50 b32 or an 8-layer Llama b16 alone on "
+     "ResNet-152 b32 or a 32-layer Llama of the same width b16. These and `se_cnn_tf1` fine-tune with one "
+     "update per step, fine-tuning's default now; the older runs, with one every four. The last column is the first evaluation at which "
      "the scratch run scored as well as the fine-tuned agent's best."),
     ("transfer-search", "Planned through `dqn-search`", "Mean overhead over the four limits."),
     ("overhead", "Planned training's step time (CPU)",

@@ -646,3 +646,19 @@ def test_one_autoplan_per_model_and_another_after_remove() -> None:
     dqn_swap.autoplan(copy.deepcopy(model), "50%").remove()
     first.remove()
     dqn_swap.autoplan(model, "60%").remove()
+
+
+def test_a_model_planned_and_dropped_is_freed() -> None:
+    """What keeps one autoplan per model keeps no model alive: a model dropped with its autoplan
+    attached is collected."""
+    import gc
+    import weakref
+
+    import dqn_swap
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    dqn_swap.autoplan(model, "50%")
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

@@ -19,7 +19,7 @@ from ..plan import Plan
 from ..trace import Trace
 from ..units import format_bytes
 
-from .settings import ATTACHED, AutoPlanError
+from .settings import ATTACHED, AutoPlanError, attached
 from .loop_recording import Entry, _rng_untouched
 
 #: Planners tried, in order, where the chosen one finds no plan under the limit: a limit at or above
@@ -206,7 +206,7 @@ class LoopPlanning:
             self._worker.shutdown()
             self._worker = None
         self._root_hook.remove()
-        if ATTACHED.get(self.model) is self:
+        if attached(self.model) is self:
             del ATTACHED[self.model]
         for h in self._opt_hooks:
             h.remove()

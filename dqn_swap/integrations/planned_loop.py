@@ -71,6 +71,7 @@ import contextlib
 import hashlib
 import logging
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ from ..limits import LimitSpec
 from ..planners import DEFAULT_PLANNER
 from ..units import format_bytes
 
-from .settings import ATTACHED, AutoPlanError, GROWTH_SLACK, MAX_VARIANTS, NEW_SHAPES, PLANNING, RECORD_TRIES, SHAPES
+from .settings import ATTACHED, AutoPlanError, attached, GROWTH_SLACK, MAX_VARIANTS, NEW_SHAPES, PLANNING, RECORD_TRIES, SHAPES
 from .signature import signature
 from .loop_recording import Entry, LoopRecording, _Recording, _StepState
 from .loop_planning import LoopPlanning
@@ -182,7 +183,7 @@ class AutoPlan(LoopRecording, LoopPlanning):
         self._jobs: dict[str, tuple[Any, str, Any]] = {}  # signature key -> (future, description, install)
         self.waiting_steps = 0  # steps run in safe mode while their signature's plan was being made
         self._root_hook = model.register_forward_pre_hook(self._root_call, with_kwargs=True, prepend=True)
-        ATTACHED[model] = self
+        ATTACHED[model] = weakref.ref(self)
         self._opt_hooks = ((optimizer.register_step_pre_hook(self._optimizer_pre),
                             optimizer.register_step_post_hook(self._optimizer_post))
                            if optimizer is not None else ())
@@ -494,7 +495,7 @@ def _checked_arguments(model: Any, planner: Any, optimizer: Any, cache: Any, pla
 
     if not isinstance(model, torch.nn.Module):
         raise AutoPlanError(f"autoplan needs a torch.nn.Module, got {type(model).__name__}")
-    if ATTACHED.get(model) is not None:
+    if attached(model) is not None:
         raise AutoPlanError("this model already has dqn_swap.autoplan attached: keep using that one, or call "
                             "its remove() before attaching another")
     reason = unsupported_reason(model)

@@ -7,9 +7,16 @@ import weakref
 
 from ..errors import DqnSwapRuntimeError
 
-#: model -> the AutoPlan attached to it, until its ``remove()``: one per model (two sets of hooks would
-#: each record, plan and swap the same tensors); a copy of a model is another key.
+#: model -> a weak reference to the AutoPlan attached to it, until its ``remove()``: one per model (two
+#: sets of hooks would each record, plan and swap the same tensors); a copy of a model is another key.
+#: Weak both ways: the AutoPlan holds its model, so a strong value would keep every planned model alive.
 ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def attached(model: object) -> object | None:
+    """The AutoPlan attached to ``model`` (None: none, or it was removed or collected)."""
+    ref = ATTACHED.get(model)
+    return ref() if ref is not None else None
 
 
 NEW_SHAPES = ("plan", "refuse")
