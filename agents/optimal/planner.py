@@ -201,7 +201,7 @@ class OptimalPlanner(BasePlanner):
         stopped = None
         c_start = time.process_time()
         if len(over) and best.bound < best.makespan * (1 - OPTIMAL_GAP):
-            stopped = self._rounds(evaluator, cands, over, seeds, best, rounds, t_start)
+            stopped = self._rounds(evaluator, cands, over, seeds, best, rounds, t_start, c_start)
             found["program_size"] = rounds[-1]["size"] if rounds else None
         if best.no_plan_fits:
             found["no_plan_fits"] = "the program proves that no plan keeps every op under the limit"
@@ -221,11 +221,12 @@ class OptimalPlanner(BasePlanner):
         return tuple(best.actions), found
 
     def _rounds(self, evaluator: Evaluator, cands: list, over: np.ndarray, seeds: list[ActionSet], best: "_Best",
-                rounds: list[dict[str, Any]], t_start: float) -> str | None:
+                rounds: list[dict[str, Any]], t_start: float, c_start: float) -> str | None:
         """The rounds of row generation (the module docstring's 2 and 3): each solves the program, replays
         its plan, and adds checkpoints and a cut where the simulator disagrees.  Updates ``best`` and
-        appends a row per round to ``rounds``; returns why the rounds stopped short (``None``: settled)."""
-        s, sim, c_start = self.settings, evaluator.simulator, time.process_time()
+        appends a row per round to ``rounds``; returns why the rounds stopped short (``None``: settled).
+        ``t_start``, ``c_start``: when the solve began, on the wall clock and in CPU time."""
+        s, sim = self.settings, evaluator.simulator
         cpu_limit = float(s["time_limit"])
         wall_deadline = t_start + float(s["wall_limit"]) if s["wall_limit"] is not None else math.inf
         cut = _Enforced(set(critical_ops(sim, cands)[: int(s["checkpoints"])]) | {int(over[0]), int(over[-1])})

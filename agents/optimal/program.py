@@ -248,6 +248,8 @@ class SwapProgram:
         self._dur_ms = sim.trace.op_duration.astype(np.float64) * MS
         self._cum = np.concatenate(([0.0], np.cumsum(self._dur_ms)))
         self._cols, self._rows = Columns(), Rows()
+        # the trace's tensor facts as lists, read by the re-run rows and the re-run memory rows
+        self._free, self._alloc = sim.trace.tensor_free_op.tolist(), sim.trace.tensor_alloc_op.tolist()
         self._by_tensor = {c.tensor: i for i, c in enumerate(self.cands)}
         # The rows, in the order of the module docstring's constraints.
         self._actions_and_cuts(exclude)
@@ -315,7 +317,7 @@ class SwapProgram:
         input ``j``, ``n``, the dropped chain that reads it, least duration of a reading re-run)."""
         sim, cands, rows, new = self.sim, self.cands, self._rows, self._cols.new
         o, r, S, G, by_tensor, dur_ms = self.o, self.r, self._S, self._G, self._by_tensor, self._dur_ms
-        free, alloc, inputs = sim.trace.tensor_free_op.tolist(), sim.trace.tensor_alloc_op.tolist(), sim.index.op_inputs
+        free, alloc, inputs = self._free, self._alloc, sim.index.op_inputs
         q: dict[tuple[int, int], int] = {}
         chain_rows: set[tuple[int, int, tuple[int, ...]]] = set()
         leaf_rows: list[tuple[int, int, list[tuple[int, float]], float]] = []
@@ -484,7 +486,7 @@ class SwapProgram:
         planner adds those where a replay needed it)."""
         sim, cands, rows, new, o, r = self.sim, self.cands, self._rows, self._cols.new, self.o, self.r
         G, S, trace, by_tensor, inputs = self._G, self._S, sim.trace, self._by_tensor, sim.index.op_inputs
-        free, alloc = trace.tensor_free_op.tolist(), trace.tensor_alloc_op.tolist()
+        free, alloc = self._free, self._alloc
         mal = sim.index.op_malloc.tolist()
         scr = trace.op_scratch.tolist()
         targets_at: dict[int, list[int]] = {}

@@ -453,8 +453,8 @@ def run(args: argparse.Namespace) -> int:
         csv_path = check_output(folder / "compare.csv", args.force)
     elif (problem := folder_problem(folder)) is not None:  # its folder is missing, or a file (-o p.json/sub)
         raise problem
-    if not folder.parent.exists() or not os.access(folder.parent if not folder.exists() else folder, os.W_OK):
-        raise PermissionError(f"{folder}: cannot be written (its directory is missing or read-only)")
+    if not os.access(folder.parent if not folder.exists() else folder, os.W_OK):  # (a missing one: just above)
+        raise PermissionError(f"{folder}: cannot be written (its directory is read-only)")
     rows = compare_grid(traces, limits, planners, args.agent, progress=True, options=planner_values(args))
     made_folder = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)  # only now: nothing is written for a run that fails first
