@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import (DEFAULT_AGENT, LIMITS, agent_files, arm_files, pct, provenance, run_and_publish, slug,  # noqa: E402
+from common import (DEFAULT_AGENT, LIMITS, arm_files, pct, provenance, run_and_publish, slug,  # noqa: E402
                     write_json)
 from dqn_swap.agents import planner_names  # noqa: E402
 

@@ -106,6 +106,11 @@ class PlanIndex:
     # bytes free because that holder lets go then (a model's forward keeping its embedding output to
     # the end, say).  The runtime sees the holder let go, not the op: see _Iteration.held_by_caller.
     held_removed: dict[int, int] = field(default_factory=dict)
+    # Swapped tensors by the op after which the simulation starts their copy out (the op of the plan's
+    # action: the tensor's last forward reader, often packs after its first save): on an asynchronous
+    # device the runtime starts the copy at the first point of control once that op has been issued
+    # (_Iteration.start_due_copies), so that copies go onto the link in the simulator's order.
+    copy_out_after: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_saved(self) -> int:
@@ -309,13 +314,22 @@ def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanInd
     held_op = trace.held_op
     held_removed = {int(a.tensor): int(held_op[a.tensor]) for a in plan.actions
                     if held_op[a.tensor] >= trace.event_op[a.event]}
+    copy_out_after: dict[int, int] = {}
+    first_action: set[int] = set()
+    for a in sorted(plan.actions, key=lambda a: (a.event, int(a.kind), a.tensor)):  # the simulator's order
+        if a.tensor in first_action:
+            continue  # a second action on a tensor is ignored (simulator.analysis)
+        first_action.add(a.tensor)
+        if a.kind == ActionKind.SWAP:  # issued when the op ends, or when the holder outside autograd lets go
+            copy_out_after[int(a.tensor)] = max(int(trace.event_op[a.event]), int(held_op[a.tensor]))
     return PlanIndex(trace=trace, plan=plan, swap=frozenset(swap), recompute=frozenset(recompute),
                      saved_tids=saved, saved_sizes=sizes, pack_flags=flags, pack_position=position,
                      first_backward_read=first, unpack_position=reads_at.tolist(), first_backward_op=b0,
                      prefetch=tuple(sched.prefetch), sequences=tuple(sched.recompute),
                      sequence_of=reruns.sequence_of, hold_inputs=reruns.hold, record_ops=frozenset(reruns.record),
                      forward_ops=reruns.forward_ops, windows=windows, written_in_forward=written_persistent,
-                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes), held_removed=held_removed)
+                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes), held_removed=held_removed,
+                     copy_out_after=copy_out_after)
 
 
 def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
@@ -351,10 +365,22 @@ def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
                 flags[int(by_unpack[j])] |= PROGRESS
     control = np.array([f != 0 for f in flags], dtype=bool)
     points = np.unique(np.concatenate([anchors[anchors >= 0], unpacks[known & control]]))
+    # A point that comes before its op allocates (an unpack: its node has not begun; the first pack
+    # at an op saving that op's inputs) does the releases due at that op itself: the point before it
+    # need not wait for them (the ops in between run meanwhile, as in the simulation).
+    before = np.zeros(len(points), dtype=bool)
+    if len(points):
+        before[np.searchsorted(points, unpacks[known & control])] = True
+        packs = np.flatnonzero(anchors >= 0)
+        if len(packs) and len(trace.saved_in_op) == len(anchors):
+            first = packs[np.unique(anchors[packs], return_index=True)[1]]  # first pack at each position
+            inputs = first[(trace.saved_in_op[first] == 0) & (trace.saved_op[first] == anchors[first])]
+            before[np.searchsorted(points, anchors[inputs])] = True
 
     def horizon(ops: np.ndarray) -> list[int]:
         j = np.searchsorted(points, ops, side="right")
-        h = np.where(j < len(points), points[np.minimum(j, len(points) - 1)] if len(points) else n, n)
+        jj = np.minimum(j, len(points) - 1)
+        h = np.where(j < len(points), (points[jj] - before[jj]) if len(points) else n, n)
         return np.where((ops < 0) | (ops == NO_OP), n, h).astype(np.int64).tolist()
 
     index.release_ops = [op for op, _ in order]

@@ -3,6 +3,7 @@ the plan's schedule puts at each op, and the releases it waits for (:class:`_Ite
 
 from __future__ import annotations
 
+import heapq
 import time
 import warnings
 import weakref
@@ -20,6 +21,7 @@ from .recompute import OpRecorder, RecomputeError, RecordMode, view_of
 from .swap import SwapGroup
 
 from .live_checks import LiveChecks
+from .copies_out import CopiesOut
 from .vocabulary import (KEEP, REMOVED, SWAPPED, HeldInputWarning, IterationStats, UnsupportedTrainingError,
                          _FsdpFirstGather, _Kept, _Packed, _RecomputeGroup)
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from .execution import PlannedExecution
 
 # --------------------------------------------------------------------------- one iteration
-class _Iteration(LiveChecks):
+class _Iteration(CopiesOut, LiveChecks):
     """State of one planned iteration; handles keep it alive until autograd frees the graph."""
 
     def __init__(self, rt: "PlannedExecution") -> None:
@@ -61,6 +63,11 @@ class _Iteration(LiveChecks):
         self.release_ptr = 0  # into index.release_ops: the copies out waited for so far
         self.release_next = rt.index.release_ops[0] if rt.index.release_ops else NO_OP
         self.late_releases: set[int] = set()  # due before their copy out even started: waited for then
+        # copies out held back until the op after which the simulation starts them has been issued
+        # (PlanIndex.copy_out_after): a heap of (the op count at which they start, order, group)
+        self.copy_queue: list[tuple[int, int, SwapGroup]] = []
+        self.copy_next = NO_OP
+        self.copy_after = rt.index.copy_out_after if rt.swapper.backend.asynchronous else {}
         self.where: tuple[str, int] = ("forward", -1)
         self.recorder = OpRecorder(self) if rt.index.record_ops else None
         self.record_ops = rt.index.record_ops
@@ -100,6 +107,8 @@ class _Iteration(LiveChecks):
         k, packed = self.counted_pack(t)
         if k < 0:
             return packed
+        if self.copy_next <= self.pack_op[k]:
+            self.start_due_copies(self.pack_op[k])
         if self.pending_borrowed:
             self.release_borrowed(self.pack_op[k])
         mode = self.mode
@@ -172,64 +181,6 @@ class _Iteration(LiveChecks):
             self.stats.evicted_bytes += self.safe.copied_bytes - before
         self.evictable = None
 
-    def release_before(self, op: int) -> None:
-        """Op ``op`` of the forward pass is about to run (the dispatch mode numbers every op): the
-        releases due by then are done now, not at the point of control before it.
-
-        Sync: as in :meth:`enforce_releases`, but exactly where the simulator has the op wait for
-        the bytes, so the ops in between have been issued (on CUDA, queued) before the host waits."""
-        self.paused = True
-        try:
-            with torch.no_grad():
-                self.enforce_releases(op)
-        finally:
-            self.paused = False
-
-    def enforce_releases(self, horizon: int) -> None:
-        """Free now the device bytes of every swapped tensor the simulation counts as free by op
-        ``horizon`` (:func:`dqn_swap.simulator.swap_out_releases`), waiting on the host for copies
-        out still running.
-
-        Sync: the plan's memory is the simulator's, in which a swapped tensor's bytes are free once
-        its copy out has ended and an op that needs them waits for that.  The caching allocator
-        counts on the host's timeline, and a host that runs ahead of the device (CUDA queues kernels
-        and returns) would allocate for later ops while the copies still hold their sources: the
-        peak would be the unplanned one, whatever the plan.  So the host waits here, at the last
-        point of control before the op that counts on the bytes (the horizon, index.with_releases).
-        A tensor whose copy out has not started yet (saved later than the simulator swaps it) is
-        waited for right after its copy starts (``late_releases``).
-        """
-        ops, tids = self.index.release_ops, self.index.release_tids
-        i, n = self.release_ptr, len(ops)
-        waited = False
-        while i < n and ops[i] <= horizon:
-            groups = self.groups_by_tid.get(tids[i])
-            if groups is None:
-                self.late_releases.add(tids[i])
-            else:
-                for g in groups:
-                    waited |= self.wait_copy_out(g)
-            i += 1
-        self.release_ptr = i
-        self.release_next = ops[i] if i < n else NO_OP
-        if waited:
-            self.stats.released_after_copy += self.swapper.poll()
-
-    def wait_copy_out(self, g: SwapGroup) -> bool:
-        """Block the host until ``g``'s copy out has ended (see :meth:`enforce_releases`); returns
-        whether its device bytes are now ready to be released."""
-        if g.source is None or g.d2h_event is None:
-            return False
-        if not g.d2h_event.query():
-            start = time.perf_counter()
-            g.d2h_event.synchronize()
-            self.stats.release_waits += 1
-            self.stats.release_wait_seconds += time.perf_counter() - start
-        return True
-
-
-
-
     # -------------------------------------------------------------- safe mode
 
     def release_borrowed(self, op: int, final: bool = False) -> None:
@@ -284,6 +235,42 @@ class _Iteration(LiveChecks):
         if self.pending_borrowed:
             self.release_borrowed(NO_OP)
 
+    def new_swap(self, t: torch.Tensor, k: int, tid: int, storage: torch.UntypedStorage, nbytes: int) -> SwapGroup:
+        """The first pack of ``tid`` at this version: its swap group, its copy out started or held back
+        until its op (:meth:`start_due_copies`), a swapped input watched until it can be emptied."""
+        index, rt = self.index, self.rt
+        version = t._version
+        group = SwapGroup(self.swapper, tid, version, nbytes)
+        self.swap_groups[(tid, version)] = group
+        self.groups_by_tid.setdefault(tid, []).append(group)
+        borrowed = index.is_persistent(tid)  # an input: the caller's storage (swap.py)
+        if borrowed and not storage.resizable():
+            raise UnsupportedTrainingError(
+                f"the plan swaps the input {index.tensor_label(tid)}, whose storage cannot be "
+                "freed (not resizable: made from a NumPy array or shared memory?); pass a copy "
+                "that owns its memory, e.g. batch.clone()")
+        due = self.copy_after.get(tid, -1)
+        defer = not borrowed and due > self.pack_op[k]
+        self.swapper.swap_out(group, storage, borrowed=borrowed, defer=defer)
+        self.watch_holder(tid, storage, group)
+        self.stats.swapped += 1
+        if defer:
+            heapq.heappush(self.copy_queue, (due, self.stats.swapped, group))
+            self.copy_next = self.copy_queue[0][0]
+            self.stats.deferred_copies += 1
+        elif tid in self.late_releases and self.wait_copy_out(group):
+            self.stats.released_after_copy += self.swapper.poll()
+        if borrowed:
+            group.watch = weakref.ref(t)  # if it stays the caller's: backward checks its version
+            self.stats.borrowed_inputs += 1
+            self.pending_borrowed.append((group, self.pack_op[k]))
+            if self.module_done_hook is None:
+                self.module_done_hook = module_call_hooks(self.module_done, post=True)
+        self.stats.swapped_bytes += nbytes
+        if rt.track_storages:
+            self.stats.source_refs.append(StorageWeakRef(storage))
+        return group
+
     def _pack(self, t: torch.Tensor, k: int, f: int) -> Any:
         index, rt = self.index, self.rt
         tid = int(index.saved_tids[k])
@@ -303,29 +290,7 @@ class _Iteration(LiveChecks):
                 version = t._version
                 group = self.swap_groups.get((tid, version))
                 if group is None:
-                    group = SwapGroup(self.swapper, tid, version, nbytes)
-                    self.swap_groups[(tid, version)] = group
-                    self.groups_by_tid.setdefault(tid, []).append(group)
-                    borrowed = index.is_persistent(tid)  # an input: the caller's storage (swap.py)
-                    if borrowed and not storage.resizable():
-                        raise UnsupportedTrainingError(
-                            f"the plan swaps the input {index.tensor_label(tid)}, whose storage cannot be "
-                            "freed (not resizable: made from a NumPy array or shared memory?); pass a copy "
-                            "that owns its memory, e.g. batch.clone()")
-                    self.swapper.swap_out(group, storage, borrowed=borrowed)
-                    self.watch_holder(tid, storage, group)
-                    self.stats.swapped += 1
-                    if tid in self.late_releases and self.wait_copy_out(group):
-                        self.stats.released_after_copy += self.swapper.poll()
-                    if borrowed:
-                        group.watch = weakref.ref(t)  # if it stays the caller's: backward checks its version
-                        self.stats.borrowed_inputs += 1
-                        self.pending_borrowed.append((group, self.pack_op[k]))
-                        if self.module_done_hook is None:
-                            self.module_done_hook = module_call_hooks(self.module_done, post=True)
-                    self.stats.swapped_bytes += nbytes
-                    if rt.track_storages:
-                        self.stats.source_refs.append(StorageWeakRef(storage))
+                    group = self.new_swap(t, k, tid, storage, nbytes)
                 group.remaining += 1
                 packed = _Packed(self, SWAPPED, group, tid, k, t)
             else:
@@ -393,6 +358,8 @@ class _Iteration(LiveChecks):
         if self.forward_done:
             return
         self.forward_done = True
+        if self.copy_queue:
+            self.start_due_copies(NO_OP)  # every forward op has been issued
         if self.mode is not None:
             self.mode.stop()
         last = self.index.pack_position[-1] if self.n_saved else -1
@@ -542,6 +509,8 @@ class _Iteration(LiveChecks):
     # ------------------------------------------------------------------ finish
     def finish(self) -> None:
         self.stats.packed = self.n_packed
+        if self.copy_queue:
+            self.start_due_copies(NO_OP)
         if self.fsdp_first_gather is not None:
             self.fsdp_first_gather.close()
             self.fsdp_first_gather = None

@@ -224,6 +224,8 @@ class RecordMode(TorchDispatchMode):
         it = self.it
         if it.paused or self.op > self.end or func.is_view or func in _VIEW_LIKE:
             return func(*args, **kwargs)
+        if it.copy_next <= self.op and it.safe is None:
+            it.start_due_copies(self.op)  # copies out the simulation starts once the op before has run
         if it.release_next <= self.op and it.safe is None:
             it.release_before(self.op)  # copies out whose bytes this op counts on (before it allocates)
         self.dispatching = True

@@ -159,20 +159,34 @@ class Swapper:
             self.peak_held_bytes = self.held_bytes
 
     # ------------------------------------------------------------ copy out
-    def swap_out(self, group: SwapGroup, storage: torch.UntypedStorage, *, borrowed: bool = False) -> None:
+    def swap_out(self, group: SwapGroup, storage: torch.UntypedStorage, *, borrowed: bool = False,
+                 defer: bool = False) -> None:
         """Copy ``storage`` into a pooled host buffer; on an asynchronous device the device bytes stay
         referenced by ``group.source`` until the copy has completed (:meth:`poll`).  ``borrowed``: the
-        storage belongs to the caller (a swapped input) and is emptied once copied (module docstring)."""
+        storage belongs to the caller (a swapped input) and is emptied once copied (module docstring).
+        ``defer`` (an asynchronous device, not borrowed): hold the device bytes now and start the copy
+        later, with :meth:`start_copy`; until then the group reads as a copy still in flight."""
         backend = self.backend
         nbytes = group.nbytes
-        host, host_free = self.pool.acquire(nbytes)
-        group.host = host
         if borrowed:
             group.borrowed = storage
         src = bytes_of(storage)
         if not backend.asynchronous:
-            backend.copy(host, src, None)  # synchronous: the device reference is not kept at all
+            group.host, _ = self.pool.acquire(nbytes)
+            backend.copy(group.host, src, None)  # synchronous: the device reference is not kept at all
             return
+        group.source = src  # keep the device bytes until the copy has read them
+        self.hold(nbytes)
+        if not defer or borrowed:
+            self.start_copy(group)
+
+    def start_copy(self, group: SwapGroup) -> None:
+        """Start the copy out of a group :meth:`swap_out` holds the device bytes of (asynchronous device)."""
+        backend = self.backend
+        nbytes = group.nbytes
+        assert group.source is not None and group.d2h_event is None
+        host, host_free = self.pool.acquire(nbytes)
+        group.host = host
         self.poll()
         while self.inflight and self.inflight_bytes + nbytes > self.max_inflight_bytes:
             # The bound: the device bytes of copies in flight are what the plan assumed at most; wait
@@ -184,20 +198,19 @@ class Swapper:
             self.poll()
         compute = backend.compute_stream()
         stream = self.d2h_stream
-        # Sync: the kernels producing this tensor were queued on the compute stream; the copy must
-        # start only after them (the side stream waits, the host does not block).
+        # Sync: the kernels producing this tensor (and, for a deferred copy, those of the op after which
+        # the plan copies it) were queued on the compute stream; the copy must start only after them
+        # (the side stream waits, the host does not block).
         backend.wait_event(stream, backend.record_event(compute))
         if host_free is not None:
             # Sync: the pooled host buffer may still be read by the copy back of an earlier
             # iteration; overwrite it only after that copy finished.
             backend.wait_event(stream, host_free)
-        group.d2h_event = backend.copy(host, src, stream)
-        group.source = src  # keep the device bytes until the copy has read them
+        group.d2h_event = backend.copy(host, group.source, stream)
         with self._lock:
             self.inflight.append(group)
             self.inflight_bytes += nbytes
             self.max_inflight_seen = max(self.max_inflight_seen, self.inflight_bytes)
-        self.hold(nbytes)
 
     def poll(self) -> int:
         """Drop the device bytes of copies out that have completed (in order: one stream); returns

@@ -186,6 +186,7 @@ class IterationStats:
     packed: int = 0
     expected_packs: int = 0
     swapped: int = 0  # distinct storages copied out
+    deferred_copies: int = 0  # of those, copies out started after their first save (PlanIndex.copy_out_after)
     swapped_bytes: int = 0
     borrowed_inputs: int = 0  # swapped inputs copied out: the caller's storages, emptied if nothing else holds them
     emptied_inputs: int = 0  # swapped inputs emptied until their copy back (nothing outside held them)

@@ -66,7 +66,7 @@ def test_agents_of_another_environment_are_refused_in_one_line(tmp_path):
 def test_an_ensemble_file_plans_as_its_agents_named_one_by_one(tmp_path, tiny_resnet_trace):
     """save_ensemble writes one file (plain data, weights_only) that plans as the list of its agents,
     goes wherever an agent file does, and is refused where an agent is trained further."""
-    from dqn_swap.agents.dqn import finetune, load_agent, save_ensemble
+    from dqn_swap.agents.dqn import load_agent, save_ensemble
     from dqn_swap.limits import resolve_limit
 
     paths = [agent(tmp_path, f"a{i}.pt", i) for i in range(2)]

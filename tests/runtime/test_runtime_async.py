@@ -203,8 +203,8 @@ def test_late_copies_keep_the_plans_peak(name: str, planner: str, limit: str, ba
                                                 ("gpt_tiny", "greedy", "30%")])
 def test_every_release_has_a_point_of_control_before_its_op(name: str, planner: str, limit: str) -> None:
     """Each copy out the plan counts as done by op ``r`` is waited for at a pack or unpack that comes to
-    the runtime before ``r`` and whose horizon reaches ``r``: every pack in forward, and in backward
-    the unpacks of packs the runtime acts on or marked for it (``index.with_releases``)."""
+    the runtime before ``r`` allocates and whose horizon reaches ``r``: every pack in forward, and in
+    backward the unpacks of packs the runtime acts on or marked for it (``index.with_releases``)."""
     from dqn_swap.agents import get_planner
     from dqn_swap.runtime.index import NO_OP
     from dqn_swap.trace import resolve_memory_limit
@@ -216,11 +216,15 @@ def test_every_release_has_a_point_of_control_before_its_op(name: str, planner: 
     assert ix.release_ops
     if name == "gpt_tiny":
         assert max(ix.release_ops) >= ix.first_backward_op  # some are due in backward
-    points = [(p, h) for p, h in zip(ix.pack_position, ix.pack_horizon) if p >= 0]
-    points += [(u, h) for u, h, f in zip(ix.unpack_position, ix.unpack_horizon, ix.pack_flags)
+    # (point, its horizon, whether it comes before its own op allocates: an unpack, or a pack of that
+    # op's inputs; such a point may do the releases due at its op itself)
+    points = [(p, h, bool(trace.saved_in_op[k] == 0 and trace.saved_op[k] == p))
+              for k, (p, h) in enumerate(zip(ix.pack_position, ix.pack_horizon)) if p >= 0]
+    points += [(u, h, True) for u, h, f in zip(ix.unpack_position, ix.unpack_horizon, ix.pack_flags)
                if f and u != NO_OP]
     for r in ix.release_ops:
-        assert any(p < r <= h for p, h in points), r
+        assert any(p < r <= h or (p == r <= h and before) for p, h, before in points), r
+    assert any(p == r <= h for p, h, _ in points for r in ix.release_ops)  # some are done at their own op
 
 
 def test_without_the_releases_late_copies_break_the_limit() -> None:
