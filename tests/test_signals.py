@@ -188,3 +188,24 @@ def test_a_signal_ignored_by_the_caller_stays_ignored(tmp_path: Path) -> None:
     finally:
         signal.signal(signal.SIGINT, before)
     assert (tmp_path / "a.md").read_text() == "table\n"
+
+
+def test_a_stopped_train_does_not_wait_forever_for_its_log_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer whose close never returns (its thread stuck) holds a stopped run up only for
+    ``CLOSE_WAIT`` seconds; the writer list is emptied."""
+    import threading
+
+    from dqn_swap.agents.dqn import algorithm
+
+    class Stuck:
+        def __init__(self) -> None:
+            self.never = threading.Event()
+
+        def close(self) -> None:
+            self.never.wait()
+
+    monkeypatch.setattr(algorithm, "CLOSE_WAIT", 0.2)
+    writers = [Stuck(), Stuck()]
+    start = time.monotonic()
+    algorithm._close(writers)
+    assert time.monotonic() - start < 2.0 and writers == []

@@ -106,9 +106,20 @@ def train(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | Sequence[L
         raise
 
 
+#: Seconds a stopped or failed run waits for its TensorBoard writer to close (:func:`_close`).
+CLOSE_WAIT = 10.0
+
+
 def _close(writers: list[Any]) -> None:
+    """Close the run's TensorBoard writers, each on a daemon thread given :data:`CLOSE_WAIT` seconds:
+    a stopped run must end even if a writer's own thread does not (a signal can land inside a
+    writer's call).  Its logs may then lack their last events."""
+    import threading
+
     for w in writers:
-        w.close()
+        closing = threading.Thread(target=w.close, name="dqn-swap-close-logs", daemon=True)
+        closing.start()
+        closing.join(CLOSE_WAIT)
     writers.clear()
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dqn_swap.stop import check as check_stop
 from dqn_swap.cost import DeviceProfile
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 from dqn_swap.limits import LimitSpec
@@ -202,6 +203,9 @@ class Training:
         duration = config.exploration_fraction * config.total_timesteps
         demo_rb = None
         for global_step in range(self.start_step, config.total_timesteps):
+            # A signal whose exception was lost stops the run here, at its next step, not at its next
+            # evaluation (dqn_swap.stop): one under a loaded test suite ran on 60 s after SIGTERM.
+            check_stop()
             epsilon = linear_schedule(config.start_e, config.end_e, duration, global_step)
             valid_idx = np.flatnonzero(state.valid)
             if rng.random() < epsilon:
