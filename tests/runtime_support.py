@@ -8,6 +8,7 @@ and a buffer read in forward and updated in place later in the same forward pass
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dqn_swap.models import build_workload
+from dqn_swap.models.names import HF_NAMES
 from dqn_swap.plan import Plan
 from dqn_swap.recorder import record_trace
 from dqn_swap.planners import manual_plan, recomputable_activations, saved_activations
@@ -136,6 +138,9 @@ MODELS: dict[str, Callable[[], Workload]] = {
     "dropout": _custom(DropoutNet, (64, 12), 3, adam=True),
     "scaled_buffer": _custom(ScaledNet, (64, 10), 2),
 }
+if importlib.util.find_spec("transformers") is not None:  # the ``hf`` extra: its models are cases too,
+    # whichever test file is collected first (a file run alone has them as the whole suite does)
+    MODELS.update({name: _zoo(name, 2) for name in HF_NAMES})
 
 
 @lru_cache(maxsize=None)
