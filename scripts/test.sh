@@ -17,6 +17,9 @@ PY=.venv/bin/python
 if [[ $# -gt 0 ]]; then
   exec "$PY" -m pytest -q --durations=15 "$@"
 fi
+# One torch thread per half: the two halves share the machine's cores, and two-thread pools in both
+# contended (an LSTM test took 95 s instead of about 8, and one run 487 s instead of about 390).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 log=$(mktemp "${TMPDIR:-/tmp}/dqn-swap-tests.XXXXXX")
 # The in-process tests of these files run in the second half too, after the tests that start
 # processes: alone, the in-process half took 474 s where the other took 241 s, its second core idle
