@@ -4,7 +4,7 @@ mixed into the runtime's iteration (:mod:`.iteration`), whose state it reads.
 On an asynchronous device the simulation starts a swapped tensor's copy out when the op of the
 plan's action ends (its last forward reader, or the op at whose end a holder outside autograd lets
 it go), and counts its bytes free from the op by which that copy has ended
-(:func:`dqn_swap.simulator.swap_out_releases`).  The runtime learns where the iteration is only at
+(:func:`dqn_swap.simulator.swap_out_ops`).  The runtime learns where the iteration is only at
 its points of control (packs, unpacks, and ops while its dispatch mode numbers them), so it starts
 each copy at the first of them once the op before the action's op has run, and waits for each copy
 out at the last of them before the op that counts on its bytes.

@@ -230,10 +230,10 @@ class PlannedExecution:
                                                                               largest)
         self.swapper = Swapper(self.backend, bound)
         if self.backend.asynchronous and self.index.swap:
-            from ..simulator import swap_out_releases
+            from ..simulator import swap_out_ops
 
-            # Where the simulation frees each swapped tensor's bytes (_Iteration.enforce_releases)
-            with_releases(self.index, swap_out_releases(trace, plan))
+            # Where the simulation starts each copy out and frees the tensor's bytes (runtime.copies_out)
+            with_releases(self.index, *swap_out_ops(trace, plan))
         self.expected = _expected_packs(trace, self.index)
         # Per pack, the autograd node that made the saved tensor (None: the trace does not say).
         nodes = trace.saved_nodes

@@ -106,10 +106,10 @@ class PlanIndex:
     # bytes free because that holder lets go then (a model's forward keeping its embedding output to
     # the end, say).  The runtime sees the holder let go, not the op: see _Iteration.held_by_caller.
     held_removed: dict[int, int] = field(default_factory=dict)
-    # Swapped tensors by the op after which the simulation starts their copy out (the op of the plan's
-    # action: the tensor's last forward reader, often packs after its first save): on an asynchronous
-    # device the runtime starts the copy at the first point of control once that op has been issued
-    # (_Iteration.start_due_copies), so that copies go onto the link in the simulator's order.
+    # Swapped tensors by the op at whose end the simulation starts their copy out (the plan's action's
+    # op, or where a holder outside autograd lets go; often ops after the first save): on an
+    # asynchronous device (with_releases) the runtime starts each copy at the first point of control
+    # once that op is next (CopiesOut.start_due_copies), so copies go onto the link in the simulator's order.
     copy_out_after: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -314,27 +314,19 @@ def build_index(trace: Trace, plan: Plan, *, check_ops: bool = False) -> PlanInd
     held_op = trace.held_op
     held_removed = {int(a.tensor): int(held_op[a.tensor]) for a in plan.actions
                     if held_op[a.tensor] >= trace.event_op[a.event]}
-    copy_out_after: dict[int, int] = {}
-    first_action: set[int] = set()
-    for a in sorted(plan.actions, key=lambda a: (a.event, int(a.kind), a.tensor)):  # the simulator's order
-        if a.tensor in first_action:
-            continue  # a second action on a tensor is ignored (simulator.analysis)
-        first_action.add(a.tensor)
-        if a.kind == ActionKind.SWAP:  # issued when the op ends, or when the holder outside autograd lets go
-            copy_out_after[int(a.tensor)] = max(int(trace.event_op[a.event]), int(held_op[a.tensor]))
     return PlanIndex(trace=trace, plan=plan, swap=frozenset(swap), recompute=frozenset(recompute),
                      saved_tids=saved, saved_sizes=sizes, pack_flags=flags, pack_position=position,
                      first_backward_read=first, unpack_position=reads_at.tolist(), first_backward_op=b0,
                      prefetch=tuple(sched.prefetch), sequences=tuple(sched.recompute),
                      sequence_of=reruns.sequence_of, hold_inputs=reruns.hold, record_ops=frozenset(reruns.record),
                      forward_ops=reruns.forward_ops, windows=windows, written_in_forward=written_persistent,
-                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes), held_removed=held_removed,
-                     copy_out_after=copy_out_after)
+                     max_inflight_d2h_bytes=int(sched.max_inflight_d2h_bytes), held_removed=held_removed)
 
 
-def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
-    """``index`` with the copies out to wait for (:func:`dqn_swap.simulator.swap_out_releases`:
-    swapped tensor -> the op from which the plan counts its bytes free).
+def with_releases(index: PlanIndex, starts: dict[int, int], releases: dict[int, int]) -> PlanIndex:
+    """``index`` with where the copies out start and the copies out to wait for
+    (:func:`dqn_swap.simulator.swap_out_ops`: swapped tensor -> the op at whose end its copy starts,
+    and -> the op from which the plan counts its bytes free).
 
     The runtime learns how far the iteration has come only at packs (forward) and unpacks
     (backward); between two such points the ops run without it.  So the releases due at any op
@@ -383,6 +375,7 @@ def with_releases(index: PlanIndex, releases: dict[int, int]) -> PlanIndex:
         h = np.where(j < len(points), (points[jj] - before[jj]) if len(points) else n, n)
         return np.where((ops < 0) | (ops == NO_OP), n, h).astype(np.int64).tolist()
 
+    index.copy_out_after = {t: op for t, op in starts.items() if t in index.swap}
     index.release_ops = [op for op, _ in order]
     index.release_tids = [tid for _, tid in order]
     index.pack_horizon = horizon(anchors)

@@ -67,7 +67,7 @@ class _Iteration(CopiesOut, LiveChecks):
         # (PlanIndex.copy_out_after): a heap of (the op count at which they start, order, group)
         self.copy_queue: list[tuple[int, int, SwapGroup]] = []
         self.copy_next = NO_OP
-        self.copy_after = rt.index.copy_out_after if rt.swapper.backend.asynchronous else {}
+        self.copy_after = rt.index.copy_out_after  # empty on a synchronous device
         self.where: tuple[str, int] = ("forward", -1)
         self.recorder = OpRecorder(self) if rt.index.record_ops else None
         self.record_ops = rt.index.record_ops

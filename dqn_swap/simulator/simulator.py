@@ -394,6 +394,20 @@ def verify_plan(trace: Trace, plan: Plan, where: str | None = None) -> SimResult
     return result
 
 
+def _checked_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None) -> DeviceProfile | None:
+    """Check that ``plan`` matches ``trace`` and acts on each tensor at most once (``ValueError``);
+    returns ``profile``, or the plan's own where none is given."""
+    plan.check_trace(trace)
+    tensors = [a.tensor for a in plan.actions]
+    if len(set(tensors)) != len(tensors):
+        dup = sorted({t for t in tensors if tensors.count(t) > 1})
+        raise ValueError(f"plan has more than one action on tensor(s) {dup[:10]}; "
+                         "a tensor is swapped or recomputed at most once")
+    if profile is None and plan.profile:
+        profile = profile_of(trace, plan.profile)
+    return profile
+
+
 def swap_out_releases(trace: Trace, plan: Plan, profile: DeviceProfile | None = None) -> dict[int, int]:
     """Per swapped tensor of ``plan`` (scheduled, for ``trace``), the op from which the simulation
     counts its device bytes as free: the first op to start at or after its copy to the host ended
@@ -405,15 +419,27 @@ def swap_out_releases(trace: Trace, plan: Plan, profile: DeviceProfile | None = 
     (:mod:`dqn_swap.runtime.execution`).  The simulation is the reference engine's, with its
     timeline, under the plan's limit and profile (or ``profile``).
     """
-    result = simulate(trace, plan, profile=profile, timeline=True)
-    starts, ends = result.op_start, result.swap_out_end or {}
-    assert starts is not None
+    return swap_out_ops(trace, plan, profile)[1]
+
+
+def swap_out_ops(trace: Trace, plan: Plan,
+                 profile: DeviceProfile | None = None) -> tuple[dict[int, int], dict[int, int]]:
+    """Per swapped tensor of ``plan``: the op at whose end the simulation starts its copy to the host
+    (its action's op, or the later op at whose end a holder outside autograd lets it go:
+    ``Analysis.issues``), and the op from which it counts the tensor's bytes free
+    (:func:`swap_out_releases`); one simulation for both."""
+    sim = Simulator(trace, plan.memory_limit, _checked_plan(trace, plan, profile))
+    prep = sim.analyse(plan.actions)
+    starts = {t: op for op, acted in prep.issues.items() for t, is_swap in acted if is_swap}
+    result = run_reference(sim, prep, True, False)
+    op_starts, ends = result.op_start, result.swap_out_end or {}
+    assert op_starts is not None
     if not ends:
-        return {}
+        return starts, {}
     tensors = np.fromiter(ends, dtype=np.int64, count=len(ends))
-    ops = np.searchsorted(starts, np.fromiter(ends.values(), dtype=np.float64, count=len(ends)), side="left")
-    ops[ops >= len(starts)] = trace.n_ops
-    return dict(zip(tensors.tolist(), ops.tolist()))
+    ops = np.searchsorted(op_starts, np.fromiter(ends.values(), dtype=np.float64, count=len(ends)), side="left")
+    ops[ops >= len(op_starts)] = trace.n_ops
+    return starts, dict(zip(tensors.tolist(), ops.tolist()))
 
 
 def instant_copy_peak(trace: Trace, plan: Plan, result: SimResult | None = None) -> int:
@@ -441,16 +467,9 @@ def simulate(trace: Trace, plan_or_actions: Plan | Iterable[Action], memory_limi
                         f"not {type(plan_or_actions).__name__}")
     if isinstance(plan_or_actions, Plan):
         plan = plan_or_actions
-        plan.check_trace(trace)
-        tensors = [a.tensor for a in plan.actions]
-        if len(set(tensors)) != len(tensors):
-            dup = sorted({t for t in tensors if tensors.count(t) > 1})
-            raise ValueError(f"plan has more than one action on tensor(s) {dup[:10]}; "
-                             "a tensor is swapped or recomputed at most once")
+        profile = _checked_plan(trace, plan, profile)
         if memory_limit is None:
             memory_limit = plan.memory_limit
-        if profile is None and plan.profile:
-            profile = profile_of(trace, plan.profile)
         actions: Iterable[Action] = plan.actions
     else:
         actions = plan_or_actions

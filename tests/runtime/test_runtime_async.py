@@ -61,7 +61,8 @@ def test_a_prefetch_due_while_its_copy_out_runs_is_deferred_not_skipped(monkeypa
     before any prefetch falls due, and this path would not run.)"""
     import dqn_swap.simulator
 
-    monkeypatch.setattr(dqn_swap.simulator, "swap_out_releases", lambda trace, plan: {})
+    ops = dqn_swap.simulator.swap_out_ops
+    monkeypatch.setattr(dqn_swap.simulator, "swap_out_ops", lambda trace, plan: (ops(trace, plan)[0], {}))
     name = "resnet_tiny"
     trace = trace_of(name)
     plan = manual_plan(trace, swap=saved_activations(trace), memory_limit=trace.peak_bytes)
@@ -175,13 +176,13 @@ def late_copy_peak(name: str, planner: str, limit: str, releases: bool = True, b
     w = MODELS[name]() if batch is None else _zoo(name, batch)()
     opt = w.make_optimizer(w.model.parameters())
     backend = StandInBackend(delay=0.02)
-    find = sim.swap_out_releases
+    find = sim.swap_out_ops
     try:
         if not releases:
-            sim.swap_out_releases = lambda trace, plan: {}
+            sim.swap_out_ops = lambda trace, plan: (find(trace, plan)[0], {})
         rt = PlannedExecution(w.model, plan, trace, backend=backend)
     finally:
-        sim.swap_out_releases = find
+        sim.swap_out_ops = find
     measured = measured_cpu_peak(w.model, w.inputs, w.loss_fn, opt, rt, trace.initial_bytes)
     backend.close()
     assert backend.violations == []
