@@ -68,6 +68,12 @@ def pytest_configure(config) -> None:  # noqa: ANN001
     import multiprocessing.process
     import subprocess
 
+    try:
+        # matplotlib builds its font cache on first use with `fc-list` (a process): on a fresh machine,
+        # here, before the check below, rather than inside whichever test plots first.
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
     subprocess.Popen.__init__ = _noting("subprocess", subprocess.Popen.__init__)
     multiprocessing.process.BaseProcess.start = _noting("multiprocessing", multiprocessing.process.BaseProcess.start)
 

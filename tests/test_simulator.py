@@ -558,15 +558,18 @@ def random_limit(trace: Trace, rng: np.random.Generator) -> int:
 
 def random_case(seed: int, density: float) -> tuple[Simulator, list[Action]]:
     """A random trace, profile, plan and limit; half the time the limit is the plan's own
-    minimum (its largest need, plus 0-3 bytes) so the run is feasible and tight."""
+    minimum (its largest need, plus 0-3 bytes) so the run is feasible and tight; half the time
+    gated (prefetches issued only at random points, ``Simulator.points``)."""
     rng = np.random.default_rng(seed)
     trace = random_trace(seed)
     prof = random_profile(rng)
-    sim = Simulator(trace, random_limit(trace, rng), prof)
+    prng = np.random.default_rng(seed + 1_000_003)  # apart, so that the other draws stay as they were
+    points = np.flatnonzero(prng.random(trace.n_ops) < prng.choice([0.1, 0.3, 0.7])) if prng.random() < 0.5 else None
+    sim = Simulator(trace, random_limit(trace, rng), prof, points=points)
     actions = random_plan(sim, rng, density)
     if rng.random() < 0.5:
         tight = max(int(sim.analyse(actions).need.max(initial=0)), trace.initial_bytes)
-        sim = Simulator(trace, tight + int(rng.integers(0, 4)), prof)
+        sim = Simulator(trace, tight + int(rng.integers(0, 4)), prof, points=points)
     return sim, actions
 
 
@@ -588,7 +591,10 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
     h2d_t = lambda x: float(prof.transfer_time(nb[x], "h2d"))  # noqa: E731
     # run: scratch of the op or re-run on the compute stream now (allocated on top of mem)
     st: dict[str, Any] = dict(mem=trace.initial_bytes, peak=trace.initial_bytes, pending=0, d2h_free=0.0, h2d_free=0.0,
-                              bd=0, bh=0, run=0)
+                              bd=0, bh=0, run=0, inpt=True)
+    # Gated (Simulator.points): a prefetch is issued only while the runtime is in control (at the start
+    # of a point, or of an op that waits for copies back or re-runs ops), and copies when the link is free.
+    points = sim.points
     d2h: list[tuple[float, int]] = []  # scheduled swap-outs not yet completed
     d2h_end: dict[int, float] = {}
     started: dict[int, int] = {}  # tensor -> its use op, for every prefetch started
@@ -610,6 +616,9 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
         if st["mem"] + st["run"] + nb[y] > limit:
             return math.inf
         free_at = st["h2d_free"] if prof.duplex else max(st["h2d_free"], st["d2h_free"])
+        if points is not None:  # issued at once, unless the link stays busy past the next point
+            ok = st["inpt"] and (n <= k0 or free_at <= st["pt"] + sim.horizon[k0])
+            return max(d2h_end[y], now) if ok else math.inf
         return max(d2h_end[y], free_at, now)
 
     def step(T: float, k0: int, incl: bool, now: float) -> bool:
@@ -630,7 +639,8 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
             st["mem"] += nb[y]
             st["peak"] = max(st["peak"], st["mem"] + st["run"])
             started[y] = n
-            h2d_end[y] = tp + h2d_t(y)
+            free_at = st["h2d_free"] if prof.duplex else max(st["h2d_free"], st["d2h_free"])
+            h2d_end[y] = max(tp, free_at) + h2d_t(y)
             st["h2d_free"] = h2d_end[y]
             if not prof.duplex:
                 st["d2h_free"] = h2d_end[y]
@@ -671,6 +681,8 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
         if st["mem"] > limit:
             raise Stuck(0.0)
         for k in range(trace.n_ops):
+            st["inpt"] = points is None or bool(points[k]) or k in prep.special
+            st["pt"] = now
             now = run_until(now, k, True, now)
             steps, waits = prep.special.get(k, ((), ()))
             for y in waits:
@@ -688,10 +700,14 @@ def reference_run(sim: Simulator, actions: list[Action]) -> tuple[bool, float, i
                 now += d
                 rec += d
                 st["mem"] -= release
+            if points is not None and k in prep.special and now > st["pt"]:
+                st["pt"] = now  # its waits and re-runs are over: the horizon counts from here
+                now = run_until(now, k, True, now)
             now = wait_fit(mal[k] + scr[k], k, now)
             st["mem"] += mal[k]
             st["peak"] = max(st["peak"], st["mem"] + scr[k])
             end = now + float(trace.op_duration[k])
+            st["inpt"] = points is None
             st["run"] = scr[k]
             run_until(end, k, False, now)
             st["run"] = 0

@@ -39,21 +39,24 @@ def random_pair(seed: int) -> tuple[Simulator, Simulator, list[Action], bool]:
     """A random (trace, plan) and both engines' simulators: ``(compiled, python, actions, overcommit)``.
 
     The plan swaps, removes or mixes (a third each); the limit is random (often infeasible) or
-    the plan's own need plus 0-3 bytes (feasible and tight); profiles duplex or single-engine."""
+    the plan's own need plus 0-3 bytes (feasible and tight); profiles duplex or single-engine; half
+    the pairs gated (prefetches issued only at random points, ``Simulator.points``)."""
     rng = np.random.default_rng(seed)
     trace = random_trace(seed, max_layers=int(rng.choice([3, 7, 12])))
+    prng = np.random.default_rng(seed + 1_000_003)  # apart, so that the other draws stay as they were
+    points = np.flatnonzero(prng.random(trace.n_ops) < prng.choice([0.1, 0.3, 0.7])) if prng.random() < 0.5 else None
     prof = random_profile(rng)
     lo = max(trace.persistent_bytes, int(trace.minimum_memory * 0.9))
     limit = int(rng.integers(lo, max(int(trace.peak_bytes * 1.1) + 1, lo + 1)))
-    sim = Simulator(trace, limit, prof, engine="compiled")
+    sim = Simulator(trace, limit, prof, engine="compiled", points=points)
     actions = random_plan(sim, rng, float(rng.choice([0.2, 0.5, 0.9])))
     mode = int(rng.integers(3))
     if mode < 2:  # swaps only, removals only
         actions = [a for a in actions if a.kind == mode]
     if rng.random() < 0.4:
         limit = max(int(sim.memory_need(actions).max(initial=0)), trace.initial_bytes) + int(rng.integers(0, 4))
-        sim = Simulator(trace, limit, prof, engine="compiled", index=sim.index)
-    ref = Simulator(trace, limit, prof, engine="python", index=sim.index)
+        sim = Simulator(trace, limit, prof, engine="compiled", index=sim.index, points=points)
+    ref = Simulator(trace, limit, prof, engine="python", index=sim.index, points=points)
     return sim, ref, actions, bool(rng.random() < 0.5)
 
 
@@ -86,8 +89,9 @@ def test_the_pairs_cover_every_kind_of_run() -> None:
         sim, _, actions, overcommit = random_pair(seed)
         r = sim.run(actions, overcommit=overcommit)
         seen.add(("feasible" if r.feasible else "whole" if overcommit else "stuck",
-                  bool(r.bytes_h2d), bool(r.recompute_ops), bool(sim.profile.duplex), bool(r.ignored_actions)))
-    for i, what in enumerate(("feasible", "prefetch", "recompute", "duplex", "ignored")):
+                  bool(r.bytes_h2d), bool(r.recompute_ops), bool(sim.profile.duplex), bool(r.ignored_actions),
+                  sim.points is not None))
+    for i, what in enumerate(("feasible", "prefetch", "recompute", "duplex", "ignored", "gated")):
         assert {s[i] for s in seen} >= ({"feasible", "whole", "stuck"} if i == 0 else {True, False}), what
 
 

@@ -36,9 +36,9 @@ INF = np.inf
 # Int state S
 MEM, PEAK, PEAK_OP, PENDING, PF_GATE, RUNNING, VERSION, SM_T, SM_V, SM_LEN, LIMIT, BYTES_D2H, BYTES_H2D, \
     MAX_PENDING, HEAP_N, QH, QT, PLOG_N, STUCK, ST_OP, ST_NEEDED, ST_AVAIL, ST_CODE, ST_ARG, HALT, REC_N, \
-    IGN_N, N_S = range(28)
+    IGN_N, GATED, INPT, N_S = range(30)
 # Float state F (the clock and the stalls too: what the engine returns); PH_STALL: 3 slots, by phase
-PF_TIME, NXT, D2H_FREE, H2D_FREE, ST_TIME, CLOCK, ST_SWAP, ST_PF, ST_REC, PH_STALL = range(10)
+PF_TIME, NXT, D2H_FREE, H2D_FREE, ST_TIME, CLOCK, ST_SWAP, ST_PF, ST_REC, PT_TIME, PH_STALL = range(11)
 N_F = PH_STALL + 3
 
 # Why an allocation could not fit (the reference's reason strings, :func:`reason_text`).
@@ -105,7 +105,7 @@ def _heap_pop(heap, S):
 
 
 @_helper
-def _eval_head(S, F, k0, now, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big):
+def _eval_head(S, F, k0, now, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon):
     """Recompute when the head of the prefetch queue may start (admission rule)."""
     td = q_time[S[QH]] if S[QH] < S[QT] else INF
     if S[HEAP_N] > 0:
@@ -117,6 +117,12 @@ def _eval_head(S, F, k0, now, heap, stride, d2h_end, q_time, nbytes, need_arr, s
             # Its swap-out is still running: every D2H completion re-evaluates the head.
             F[PF_TIME] = INF
             S[PF_GATE] = big
+            F[NXT] = td
+            return
+        if S[GATED] and not S[INPT]:
+            # No control between points: examined again at the next point at or after k0.
+            F[PF_TIME] = INF
+            S[PF_GATE] = k0
             F[NXT] = td
             return
         y = nbytes[y_t]
@@ -152,12 +158,22 @@ def _eval_head(S, F, k0, now, heap, stride, d2h_end, q_time, nbytes, need_arr, s
             S[PF_GATE] = k0 + 1
             F[NXT] = td
             return
-        if t < F[H2D_FREE]:
-            t = F[H2D_FREE]
-        if not duplex and t < F[D2H_FREE]:
-            t = F[D2H_FREE]
-        if t < now:
-            t = now
+        if S[GATED]:
+            lf = F[H2D_FREE] if duplex or F[H2D_FREE] >= F[D2H_FREE] else F[D2H_FREE]
+            if n > k0 and lf > F[PT_TIME] + horizon[k0]:
+                # The link is busy past the next point: issued there (or at its use).
+                F[PF_TIME] = INF
+                S[PF_GATE] = k0 + 1
+                F[NXT] = td
+                return
+            t = now  # issued (allocated) now; its copy waits for the link (_start_head)
+        else:
+            if t < F[H2D_FREE]:
+                t = F[H2D_FREE]
+            if not duplex and t < F[D2H_FREE]:
+                t = F[D2H_FREE]
+            if t < now:
+                t = now
         F[PF_TIME] = t
         S[PF_GATE] = big
         F[NXT] = td if td < t else t
@@ -169,7 +185,8 @@ def _eval_head(S, F, k0, now, heap, stride, d2h_end, q_time, nbytes, need_arr, s
 
 @_helper
 def _start_head(S, F, k0, st, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, plog_t, plog_k, duplex):
-    """Start the H2D copy of the head of the prefetch queue at ``st`` (it is allocated now)."""
+    """Issue the head of the prefetch queue at ``st``: allocated now, its H2D copy starts once the
+    link is free."""
     key = _heap_pop(heap, S)
     n = key // stride
     y_t = key % stride
@@ -181,7 +198,12 @@ def _start_head(S, F, k0, st, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, ne
     plog_t[S[PLOG_N]] = y_t
     plog_k[S[PLOG_N]] = k0
     S[PLOG_N] += 1
-    e = st + tt_h2d[y_t]
+    cs = st
+    if cs < F[H2D_FREE]:
+        cs = F[H2D_FREE]
+    if not duplex and cs < F[D2H_FREE]:
+        cs = F[D2H_FREE]
+    e = cs + tt_h2d[y_t]
     h2d_end[y_t] = e
     h2d_set[y_t] = True
     F[H2D_FREE] = e
@@ -196,7 +218,7 @@ def _start_head(S, F, k0, st, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, ne
 
 @_helper
 def _advance(S, F, T, k0, incl, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
-             need_arr, sm_rev, plog_t, plog_k, duplex, big):
+             need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon):
     """Process copy events before ``T`` (or at ``T`` if ``incl``); ``k0``: running or next op."""
     while True:
         td = q_time[S[QH]] if S[QH] < S[QT] else INF
@@ -208,7 +230,7 @@ def _advance(S, F, T, k0, incl, heap, stride, d2h_end, q_time, q_tensor, nbytes,
             s = nbytes[x]
             S[MEM] -= s
             S[PENDING] -= s
-            _eval_head(S, F, k0, td, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+            _eval_head(S, F, k0, td, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
         else:
             tp = F[PF_TIME]
             if tp > T or (tp == T and not incl):
@@ -216,7 +238,7 @@ def _advance(S, F, T, k0, incl, heap, stride, d2h_end, q_time, q_tensor, nbytes,
             if S[MEM] + S[RUNNING] + nbytes[heap[0] % stride] <= S[LIMIT]:
                 _start_head(S, F, k0, tp, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, plog_t,
                             plog_k, duplex)
-            _eval_head(S, F, k0, tp, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+            _eval_head(S, F, k0, tp, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
 
 
 @_helper
@@ -260,7 +282,7 @@ def pack_tables(ev_op, ev_next, ev_tensor, held, nbytes, alloc, free, mal, scr, 
 
 @_jit
 def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit, duplex, overcommit,
-             a_event, a_kind, a_tensor):
+             a_event, a_kind, a_tensor, pts, gated, horizon):
     """Check and analyse int64 action arrays and run the time loop of
     :func:`dqn_swap.simulator.engine.run_reference`; the static tables as :func:`pack_tables`
     makes them.
@@ -310,6 +332,8 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
     S[SM_T] = -1
     S[SM_V] = -1
     S[LIMIT] = limit
+    S[GATED] = 1 if gated else 0
+    S[INPT] = 1
     F[PF_TIME] = INF
     F[NXT] = INF
     st_swap = 0.0
@@ -327,15 +351,17 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
     for k in range(n_ops):
         if S[HALT]:
             break
-        if k >= S[PF_GATE]:
-            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+        S[INPT] = 1 if (not gated or pts[k] or wait_ptr[k + 1] > wait_ptr[k] or grp_of_op[k] >= 0) else 0
+        F[PT_TIME] = t
+        if k >= S[PF_GATE] and S[INPT]:
+            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
         if F[NXT] <= t:
             _advance(S, F, t, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
-                     need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                     need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
         # The op's own swapped inputs first, then its re-runs.
         for j in range(wait_ptr[k], wait_ptr[k + 1]):
             t2 = _wait_prefetch(S, F, wait_t[j], k, t, overcommit, heap, stride, d2h_end, q_time, q_tensor,
-                                nbytes, tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                                nbytes, tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
             if S[HALT]:
                 break
             if t2 > t:
@@ -354,7 +380,7 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
                 for j in range(step_leaf_ptr[s], step_leaf_ptr[s + 1]):
                     t2 = _wait_prefetch(S, F, leaf_t[j], k, t, overcommit, heap, stride, d2h_end, q_time,
                                         q_tensor, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t,
-                                        plog_k, duplex, big)
+                                        plog_k, duplex, big, horizon)
                     if S[HALT]:
                         break
                     if t2 > t:
@@ -366,7 +392,7 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
                 if S[MEM] + amount + scratch > S[LIMIT]:
                     t2 = _wait_memory(S, F, amount + scratch, k, t, RECOMPUTING, p, overcommit, heap, stride,
                                       d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set, need_arr,
-                                      sm_rev, plog_t, plog_k, duplex, big)
+                                      sm_rev, plog_t, plog_k, duplex, big, horizon)
                     if S[HALT]:
                         break
                     st_swap += t2 - t
@@ -380,7 +406,7 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
                 t2 = t + d
                 if F[NXT] < t2:
                     _advance(S, F, t2, k, False, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end,
-                             h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                             h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
                 st_rec += d
                 ph_stall[phase[k]] += d
                 rec_ops[S[REC_N]] = p
@@ -388,15 +414,22 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
                 t = t2
                 S[RUNNING] = 0
                 S[MEM] -= step_release[s]
-                _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+                _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
             if S[HALT]:
                 break
+        if gated and (wait_ptr[k + 1] > wait_ptr[k] or g >= 0) and t > F[PT_TIME]:
+            # Its waits and re-runs are over: the horizon counts from here.
+            F[PT_TIME] = t
+            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
+            if F[NXT] <= t:
+                _advance(S, F, t, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
+                         need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
         m = S[MEM] + mal[k]
         scratch = scr[k]
         if m + scratch > S[LIMIT]:
             t2 = _wait_memory(S, F, mal[k] + scratch, k, t, OUTPUTS_AND_SCRATCH if scratch else OUTPUTS, 0,
                               overcommit, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end,
-                              h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                              h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
             if S[HALT]:
                 break
             st_swap += t2 - t
@@ -409,9 +442,10 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
             S[PEAK] = m + scratch
             S[PEAK_OP] = k
         te = t + dur[k]
+        S[INPT] = 0 if gated else 1  # the op's compute: no control until the next point
         if F[NXT] < te:
             _advance(S, F, te, k, False, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
-                     need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                     need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
         S[RUNNING] = 0
         S[MEM] -= fre[k]
         if iss_ptr[k + 1] > iss_ptr[k]:
@@ -437,7 +471,7 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
                     _heap_push(heap, S, next_use[x] * stride + x)
                 else:
                     S[MEM] -= s
-            _eval_head(S, F, k + 1, te, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+            _eval_head(S, F, k + 1, te, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
         t = te
     F[CLOCK] = t
     F[ST_SWAP] = st_swap
@@ -455,7 +489,7 @@ def simulate(ev_tab, t_tab, op_tab, tt, ok, in_ptr, in_idx, dur, initial, limit,
 
 @_helper
 def _wait_memory(S, F, amount, k, t, code, arg, overcommit, heap, stride, d2h_end, q_time, q_tensor, nbytes,
-                 tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big):
+                 tt_h2d, h2d_end, h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon):
     """Wait for swap-outs until ``amount`` more bytes fit; returns the time reached."""
     while S[MEM] + amount > S[LIMIT]:
         if S[QH] >= S[QT]:
@@ -469,7 +503,7 @@ def _wait_memory(S, F, amount, k, t, code, arg, overcommit, heap, stride, d2h_en
             return t
         td = q_time[S[QH]]
         _advance(S, F, td, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
-                 need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                 need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
         if td > t:
             t = td
     return t
@@ -477,7 +511,7 @@ def _wait_memory(S, F, amount, k, t, code, arg, overcommit, heap, stride, d2h_en
 
 @_helper
 def _wait_prefetch(S, F, y_t, k, t, overcommit, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end,
-                   h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big):
+                   h2d_set, need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon):
     """Wait until swapped tensor ``y_t`` is back on the device; returns the time reached."""
     while not h2d_set[y_t]:
         if F[NXT] == INF:
@@ -498,7 +532,7 @@ def _wait_prefetch(S, F, y_t, k, t, overcommit, heap, stride, d2h_end, q_time, q
                 st = F[D2H_FREE]
             _start_head(S, F, k, st, heap, stride, nbytes, tt_h2d, h2d_end, h2d_set, need_arr, plog_t, plog_k,
                         duplex)
-            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big)
+            _eval_head(S, F, k, t, heap, stride, d2h_end, q_time, nbytes, need_arr, sm_rev, duplex, big, horizon)
             _stuck(S, F, k, needed, available, PREFETCHING, h, t)
             over = S[MEM] - S[LIMIT]
             if over > 0:
@@ -506,13 +540,13 @@ def _wait_prefetch(S, F, y_t, k, t, overcommit, heap, stride, d2h_end, q_time, q
             continue
         tn = F[NXT]
         _advance(S, F, tn, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
-                 need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                 need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
         if tn > t:
             t = tn
     e = h2d_end[y_t]
     if e > t:
         if F[NXT] <= e:
             _advance(S, F, e, k, True, heap, stride, d2h_end, q_time, q_tensor, nbytes, tt_h2d, h2d_end, h2d_set,
-                     need_arr, sm_rev, plog_t, plog_k, duplex, big)
+                     need_arr, sm_rev, plog_t, plog_k, duplex, big, horizon)
         t = e
     return t

@@ -42,6 +42,12 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
     n_ops = sim.index.n_ops
     BIG = n_ops + 1
     duplex = sim.profile.duplex
+    # Prefetches start only where the runtime has control (Simulator.points); None: anywhere.
+    points = sim.points.tolist() if sim.points is not None else None
+    gated = points is not None
+    horizon = sim.horizon.tolist() if gated else None
+    inpt = True  # at a point: the runtime is in control, before the op's compute starts
+    pt_time = 0.0  # when the last point was reached
     need_arr = prep.need.copy()  # raised below where a prefetch starts early; prep.need stays the plan's
     next_use = prep.next_use
     # One list lookup per op: (recompute steps and prefetch waits before it, actions after it).
@@ -88,6 +94,10 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
                 # every D2H completion re-evaluates the head (saves a scan per new swap).
                 pf_time, pf_gate, nxt = INF, BIG, td
                 return
+            if gated and not inpt:
+                # No control between points: examined again at the next point at or after k0.
+                pf_time, pf_gate, nxt = INF, k0, td
+                return
             y = nbytes[y_t]
             if n > k0:  # admission rule over ops k0 .. n-1
                 thr = limit - pending - y
@@ -104,19 +114,29 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
             if mem + running + y > limit:  # must fit now (implied by the rule when n > k0)
                 pf_time, pf_gate, nxt = INF, k0 + 1, td
                 return
-            if t < h2d_free:
-                t = h2d_free
-            if not duplex and t < d2h_free:
-                t = d2h_free
-            if t < now:
-                t = now
+            if gated:
+                lf = h2d_free if duplex or h2d_free >= d2h_free else d2h_free
+                if n > k0 and lf > pt_time + horizon[k0]:
+                    # The link is busy past the next point: issued there (or at its use), not queued
+                    # now, in an order a later swap-out may want to change.
+                    pf_time, pf_gate, nxt = INF, k0 + 1, td
+                    return
+                t = now  # issued (allocated) now; its copy waits for the link (start_head)
+            else:
+                if t < h2d_free:
+                    t = h2d_free
+                if not duplex and t < d2h_free:
+                    t = d2h_free
+                if t < now:
+                    t = now
             pf_time, pf_gate = t, BIG
             nxt = td if td < t else t
         else:
             pf_time, pf_gate, nxt = INF, BIG, td
 
     def start_head(k0: int, st: float) -> None:
-        """Start the H2D copy of the head of the prefetch queue at ``st`` (it is allocated now)."""
+        """Issue the head of the prefetch queue at ``st``: it is allocated now, and its H2D copy starts
+        once the link is free (at ``st`` itself unless the run is gated: Simulator.points)."""
         nonlocal mem, peak, peak_op, h2d_free, d2h_free, bytes_h2d, version
         n, y_t = heapq.heappop(heap)
         y = nbytes[y_t]
@@ -124,7 +144,12 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
         if mem + running > peak:
             peak, peak_op = mem + running, k0
         prefetch_log.append((y_t, k0))
-        e = st + tt_h2d[y_t]
+        cs = st
+        if cs < h2d_free:
+            cs = h2d_free
+        if not duplex and cs < d2h_free:
+            cs = d2h_free
+        e = cs + tt_h2d[y_t]
         h2d_end[y_t] = e
         h2d_free = e
         if not duplex:
@@ -226,11 +251,13 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
                 raise stuck
             stuck_at(stuck, mem - limit)
         for k in range(n_ops):
-            if k >= pf_gate:
+            here = todo[k]
+            inpt = not gated or points[k] or (here is not None and here[0] is not None)
+            pt_time = t
+            if k >= pf_gate and inpt:
                 eval_head(k, t)
             if nxt <= t:
                 advance(t, k, True)
-            here = todo[k]
             sp = here[0] if here is not None else None
             if sp is not None:
                 # The op's own swapped inputs first: what its re-runs find resident is then what
@@ -271,6 +298,13 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
                     if tl_t is not None:
                         tl_t.append(t), tl_b.append(mem)
                     eval_head(k, t)
+            if gated and sp is not None and t > pt_time:
+                # Its waits and re-runs are over: the runtime, at the node's next unpack, issues
+                # what the link can take before the next point (its horizon counts from here).
+                pt_time = t
+                eval_head(k, t)
+                if nxt <= t:
+                    advance(t, k, True)
             m = mem + mal[k]
             scratch = scr[k]
             if m + scratch > limit:
@@ -285,6 +319,7 @@ def run_reference(sim: Simulator, prep: Analysis, want_timeline: bool,  # noqa: 
             if m + scratch > peak:
                 peak, peak_op = m + scratch, k
             te = t + dur[k]
+            inpt = not gated  # the op's compute: no control until the next point
             if tl_t is not None:
                 tl_t.append(t), tl_b.append(mem + running)
                 op_starts.append(t)

@@ -43,10 +43,13 @@ class Simulator:
     (the reference, :mod:`dqn_swap.simulator.engine`); both give identical results.  A run with
     ``timeline=True`` always uses the reference.  ``index`` (:class:`TraceIndex`) holds the
     trace's static tables; pass one to share it between simulators of the same trace.
+    ``points``: the ops at whose start a prefetch may be issued (:attr:`points`); by default the
+    trace's :attr:`~dqn_swap.trace.Trace.progress_ops`, ``None`` for anywhere.
     """
 
     def __init__(self, trace: Trace, memory_limit: int, profile: DeviceProfile | None = None, *,
-                 engine: str | None = None, index: TraceIndex | None = None) -> None:
+                 engine: str | None = None, index: TraceIndex | None = None,
+                 points: Iterable[int] | None | str = "trace") -> None:
         profile = profile_of(trace, profile)
         if engine is None:
             engine = default_engine()
@@ -69,6 +72,35 @@ class Simulator:
         self.tt_h2d = np.ascontiguousarray(profile.transfer_time(nbytes, "h2d"), dtype=np.float64)
         self._duplex = bool(profile.duplex)
         self._last_end = float(self.index.op_end[-1]) if self.index.n_ops else 0.0
+        if isinstance(points, str):
+            if points != "trace":
+                raise ValueError(f"points must be 'trace', None or op indices, not {points!r}")
+            points = trace.progress_ops
+        #: Where the runtime has control, so that a prefetch can be issued: a bool per op (``None``:
+        #: anywhere, at any time).  A gated run issues a prefetch only at the start of such an op (or
+        #: of an op that waits for a copy back or re-runs ops first, where the runtime is in an
+        #: unpack), allocating it then; its copy starts when the link is free (module docstring).
+        self.points: np.ndarray | None = None
+        if points is not None:
+            mask = np.zeros(self.index.n_ops, dtype=np.bool_)
+            at = np.asarray(list(points) if not isinstance(points, np.ndarray) else points, dtype=np.int64)
+            mask[at[(at >= 0) & (at < self.index.n_ops)]] = True
+            self.points = mask
+        self._pts = self.points if self.points is not None else np.ones(self.index.n_ops, dtype=np.bool_)
+        #: per op ``k``, the compute time from its start to the next point after it (to the end after
+        #: the last; float64, one more entry than ops): a gated run issues a prefetch at a point only
+        #: if the link frees before the next point's op would start without stalls.
+        self.horizon = np.zeros(self.index.n_ops + 1, dtype=np.float64)
+        if self.points is not None and self.index.n_ops:
+            n = self.index.n_ops
+            cum = np.concatenate([[0.0], np.cumsum(np.asarray(self.index.op_duration, dtype=np.float64))])
+            at = np.flatnonzero(self.points)
+            nxt = at[np.minimum(np.searchsorted(at, np.arange(n), side="right"), len(at) - 1)] if len(at) else None
+            after = np.full(n, n, dtype=np.int64)
+            if nxt is not None:
+                has = np.searchsorted(at, np.arange(n), side="right") < len(at)
+                after[has] = nxt[has]
+            self.horizon[:n] = cum[after] - cum[:n]
 
     # ------------------------------------------------------------ tables
     @cached_property
@@ -259,7 +291,8 @@ class Simulator:
         ``ValueError`` on the first invalid action)."""
         c, tables = self._kernel
         try:
-            out = c.simulate(*tables, self.memory_limit, self._duplex, overcommit, ev, kd, te)
+            out = c.simulate(*tables, self.memory_limit, self._duplex, overcommit, ev, kd, te, self._pts,
+                             self.points is not None, self.horizon)
         except SystemError as e:
             raise kernel_interruption(e) from None
         if out[0] >= 0:
@@ -355,7 +388,8 @@ def _load_kernels(sim: Simulator, kernel: tuple) -> None:
         c.first_invalid(ev_tab[2], ok[0], ok[1], none, none, none)
         c.analyse(ev_tab[0], ev_tab[1], t_tab[0], t_tab[1], t_tab[2], t_tab[3], op_tab[0], op_tab[1],
                   in_ptr, in_idx, op_tab[4], none, none, none)
-        c.simulate(*tables, sim.memory_limit, sim._duplex, False, none, none, none)
+        c.simulate(*tables, sim.memory_limit, sim._duplex, False, none, none, none, sim._pts, sim.points is not None,
+                   sim.horizon)
     _KERNELS_LOADED = True
     if received:
         raise Stopped(received[0])

@@ -127,7 +127,7 @@ def test_search_episode_transitions_are_the_environments_and_the_simulator_agree
 
 def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, tmp_path):
     base = dict(TINY_RUN, demo_pretrain_steps=200)
-    limits = ["50%", "35%"]
+    limits = ["50%", "40%"]
     demos = {}
     for improve in ("none", "search"):
         train(tiny_resnet_trace, limits, tmp_path / f"{improve}.pt", DQNConfig(**base, demo_improve=improve),
@@ -136,7 +136,7 @@ def test_search_improves_the_demonstrations_during_training(tiny_resnet_trace, t
     for before, after in zip(demos["none"], demos["search"]):
         assert after["replayed_overhead"] <= before["replayed_overhead"] + 1e-12  # never replaced by a worse one
     improved = [(b, a) for b, a in zip(demos["none"], demos["search"]) if a["planner"].startswith("dqn-search@")]
-    assert improved  # at 35 % the search with the learned Q beats window's replay (0.0187 -> 0.0167 when written)
+    assert improved  # at 40 % the search with the learned Q beats window's replay (0.0145 -> 0.0094 when written)
     assert all(a["replayed_overhead"] < b["replayed_overhead"] and a["replayed_feasible"] for b, a in improved)
     with pytest.raises(ValueError, match="demonstrations"):  # demo_improve without demonstrations
         DQNConfig(demo_improve="search")
@@ -162,7 +162,7 @@ def test_a_polished_episode_is_never_worse_than_its_plan_and_its_actions_replay(
 
 def test_expert_iteration_keeps_the_best_teacher_per_cell(tiny_resnet_trace, tmp_path):
     base = dict(TINY_RUN, demo_pretrain_steps=100, demo_polish_simulations=300)
-    limits = ["50%", "35%"]
+    limits = ["50%", "40%"]
     demos = {}
     for improve in ("none", "polish"):
         extra = {"demo_dagger": True} if improve == "polish" else {}  # the student's states labelled too

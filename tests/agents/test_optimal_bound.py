@@ -123,12 +123,15 @@ def test_cases_cover_every_profile_and_out_of_order_returns() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_program_charges_every_plan_at_most_its_simulated_makespan(seed: int) -> None:
+@pytest.mark.parametrize("gated", [False, True], ids=["anywhere", "gated"])
+def test_program_charges_every_plan_at_most_its_simulated_makespan(seed: int, gated: bool) -> None:
     """Relaxation plan by plan: with every op over the limit a checkpoint and every op a re-run
-    point, the program with a plan's actions fixed is never above that plan's simulated makespan."""
+    point, the program with a plan's actions fixed is never above that plan's simulated makespan,
+    also where prefetches are issued only at some ops (``Simulator.points``, as in a recorded trace)."""
     rng = random.Random(7000 + seed)
     shape, trace, limit, profile = random_case(rng, SHAPES[seed % len(SHAPES)], max_plans=100)
-    sim = Simulator(trace, limit, profile)
+    points = [k for k in range(trace.n_ops) if rng.random() < 0.3] if gated else None
+    sim = Simulator(trace, limit, profile, points=points)
     over = np.flatnonzero(sim.index.op_memory > limit).tolist()
     prog = SwapProgram(sim, candidates(sim), over, rerun_points=range(trace.n_ops))
     checked = 0
