@@ -98,6 +98,24 @@ def test_best_entry_names_the_polished_plan_and_its_source(mlp_trace) -> None:  
     assert none["planner"] is None and none["makespan"] is None
 
 
+def test_an_entry_takes_its_plans_figures_from_the_current_simulator(mlp_trace, tmp_path: Path) -> None:  # noqa: ANN001
+    """The table keeps plans: an entry whose figures another model of the simulator wrote is given the
+    current one's, and an entry without a plan file, or for another trace, stays as it is."""
+    from dqn_swap.agents import get_planner
+    from dqn_swap.limits import resolve_limit
+    from dqn_swap.simulator import simulate
+
+    plan = get_planner("greedy").plan(mlp_trace, resolve_limit(mlp_trace, "50%"))
+    plan.save(tmp_path / "best.plan.json")
+    stale = {**entry(1.0, fingerprint=mlp_trace.fingerprint), "overhead": 9.0, "plan_file": str(tmp_path / "best.plan.json")}
+    now = bg.resimulated(stale, mlp_trace)
+    assert now["makespan"] == simulate(mlp_trace, plan).makespan and now["overhead"] == simulate(mlp_trace, plan).overhead
+    assert now["planner"] == stale["planner"] and now["plan_file"] == stale["plan_file"]
+    assert bg.resimulated({**stale, "fingerprint": "other"}, mlp_trace) == {**stale, "fingerprint": "other"}
+    no_file = {k: v for k, v in stale.items() if k != "plan_file"}
+    assert bg.resimulated(no_file, mlp_trace) == no_file
+
+
 def test_a_table_that_is_not_one_is_refused_in_one_line(tmp_path: Path) -> None:
     assert bg.read_best_known(tmp_path / "none.json") == {}
     bad = tmp_path / "bad.json"
@@ -124,6 +142,7 @@ def test_bad_options_exit_with_one_line(capsys: pytest.CaptureFixture[str]) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess  # the result's provenance asks git for the commit
 def test_the_command_builds_the_table_keeps_it_and_reports_a_changed_trace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from dqn_swap.plan import Plan
@@ -175,6 +194,7 @@ def test_a_result_to_reuse_that_is_not_one_is_refused_in_one_line(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess  # the result's provenance asks git for the commit
 def test_reused_baselines_are_the_earlier_runs_and_only_the_agent_plans(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bg, "CORPUS", tmp_path / "corpus")
