@@ -80,27 +80,10 @@ class Simulator:
         #: anywhere, at any time).  A gated run issues a prefetch only at the start of such an op (or
         #: of an op that waits for a copy back or re-runs ops first, where the runtime is in an
         #: unpack), allocating it then; its copy starts when the link is free (module docstring).
-        self.points: np.ndarray | None = None
-        if points is not None:
-            mask = np.zeros(self.index.n_ops, dtype=np.bool_)
-            at = np.asarray(list(points) if not isinstance(points, np.ndarray) else points, dtype=np.int64)
-            mask[at[(at >= 0) & (at < self.index.n_ops)]] = True
-            self.points = mask
+        #: ``horizon``: per op, the compute time from its start to the next point's (float64, one
+        #: entry more than ops): at a point, prefetches are issued while the link would be free by then.
+        self.points, self.horizon = _control_points(self.index, points)
         self._pts = self.points if self.points is not None else np.ones(self.index.n_ops, dtype=np.bool_)
-        #: per op ``k``, the compute time from its start to the next point after it (to the end after
-        #: the last; float64, one more entry than ops): a gated run issues a prefetch at a point only
-        #: if the link frees before the next point's op would start without stalls.
-        self.horizon = np.zeros(self.index.n_ops + 1, dtype=np.float64)
-        if self.points is not None and self.index.n_ops:
-            n = self.index.n_ops
-            cum = np.concatenate([[0.0], np.cumsum(np.asarray(self.index.op_duration, dtype=np.float64))])
-            at = np.flatnonzero(self.points)
-            nxt = at[np.minimum(np.searchsorted(at, np.arange(n), side="right"), len(at) - 1)] if len(at) else None
-            after = np.full(n, n, dtype=np.int64)
-            if nxt is not None:
-                has = np.searchsorted(at, np.arange(n), side="right") < len(at)
-                after[has] = nxt[has]
-            self.horizon[:n] = cum[after] - cum[:n]
 
     # ------------------------------------------------------------ tables
     @cached_property
@@ -354,6 +337,26 @@ class _CompiledSchedule:
                          dict(zip(ly[lp[g]:lp[g + 1]], lq[lp[g]:lp[g + 1]])))
                      for g, n in enumerate(grp_n.tolist())}
         return prefetch, sequences, self.inflight, self.sim.lists.alloc
+
+
+def _control_points(index: TraceIndex, points: Iterable[int] | None) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(mask, horizon)`` of :attr:`Simulator.points` and :attr:`Simulator.horizon` for op indices
+    ``points`` (``None``: no gating, and a horizon of zeros)."""
+    n = index.n_ops
+    horizon = np.zeros(n + 1, dtype=np.float64)
+    if points is None:
+        return None, horizon
+    at = np.asarray(points if isinstance(points, np.ndarray) else list(points), dtype=np.int64)
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[at[(at >= 0) & (at < n)]] = True
+    at = np.flatnonzero(mask)
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(index.op_duration, dtype=np.float64))])
+    j = np.searchsorted(at, np.arange(n), side="right")  # the first point after each op
+    after = np.full(n, n, dtype=np.int64)  # none: to the end
+    has = j < len(at)
+    after[has] = at[j[has]]
+    horizon[:n] = cum[after] - cum[:n]
+    return mask, horizon
 
 
 def _plan_arrays(events: np.ndarray, tensors: np.ndarray, kinds: np.ndarray) -> tuple[np.ndarray, ...]:
