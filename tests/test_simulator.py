@@ -101,14 +101,14 @@ def test_figure4_offload_pauses_half_a_second() -> None:
 
 
 @pytest.mark.parametrize("limit,release", [(4, 3), (7, 4)])
-def test_swap_out_releases_name_the_first_op_after_the_copy(limit: int, release: int) -> None:
+def test_swap_out_ops_release_at_the_first_op_after_the_copy(limit: int, release: int) -> None:
     """X0's copy runs 2.0-3.5.  At 4 B f3 (op 3) waits for it and starts at 3.5: op 3 counts on its
     bytes.  At 7 B nothing waits: f3 starts at 3.0, during the copy, so the first op after it is b4."""
-    from dqn_swap.simulator import swap_out_releases
+    from dqn_swap.simulator import swap_out_ops
 
     trace, t = figure4_trace()
     plan = Plan((Action(event_of(trace, 1, t["x0"]), t["x0"], SWAP),), limit, trace.fingerprint, "test", "hand")
-    assert swap_out_releases(trace, plan, profile(bw=2.0)) == {t["x0"]: release}
+    assert swap_out_ops(trace, plan, profile(bw=2.0))[1] == {t["x0"]: release}
 
 
 def test_figure4_offload_is_free_with_room() -> None:

@@ -59,7 +59,7 @@ class CopiesOut:
 
     def enforce_releases(self, horizon: int) -> None:
         """Free now the device bytes of every swapped tensor the simulation counts as free by op
-        ``horizon`` (:func:`dqn_swap.simulator.swap_out_releases`), waiting on the host for copies
+        ``horizon`` (:func:`dqn_swap.simulator.swap_out_ops`), waiting on the host for copies
         out still running.
 
         Sync: the plan's memory is the simulator's, in which a swapped tensor's bytes are free once

@@ -54,7 +54,7 @@ stream and returns a handle, so autograd no longer holds the device memory;
 the runtime keeps the device bytes until the copy has completed, and bounds
 the bytes in such copies at the most the simulator had.  The host waits for a
 copy out where the simulation counts its bytes free
-(:func:`dqn_swap.simulator.swap_out_releases`, the last pack or unpack before
+(:func:`dqn_swap.simulator.swap_out_ops`, the last pack or unpack before
 that op): a host that ran ahead of the device would otherwise allocate for
 later ops while the copies still hold their sources, and the caching
 allocator's peak would be far above the plan's (on an H100, ResNet-50 at batch

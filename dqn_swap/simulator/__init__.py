@@ -182,9 +182,9 @@ from .analysis import Analysis
 from .index import TraceIndex
 from .result import PHASES, STALL_CAUSES, Infeasibility, RunSummary, SimResult
 from .simulator import (ENGINES, Simulator, default_engine, instant_copy_peak, schedule_plan, simulate,
-                        swap_out_ops, swap_out_releases, verify_plan)
+                        swap_out_ops, verify_plan)
 from .validity import ValidActions
 
 __all__ = ["ENGINES", "PHASES", "STALL_CAUSES", "Analysis", "Infeasibility", "RunSummary", "SimResult", "Simulator",
            "TraceIndex", "ValidActions", "default_engine", "instant_copy_peak", "schedule_plan", "simulate",
-           "swap_out_ops", "swap_out_releases", "verify_plan"]
+           "swap_out_ops", "verify_plan"]

@@ -77,7 +77,7 @@ class SimResult:
     ``op_start``: when each op started (after its stalls and re-runs; the ops
     reached, so shorter than ``n_ops`` when infeasible), also only with it;
     ``swap_out_end``: per swapped tensor, when its copy to the host ended, also
-    only with it (:func:`dqn_swap.simulator.swap_out_releases`);
+    only with it (:func:`dqn_swap.simulator.swap_out_ops`);
     ``ignored_actions``: duplicate actions on an already acted-on tensor;
     ``memory_need``: bytes each op needs under the plan if every swap-out
     completed at once (int64 per op, see :meth:`Simulator.memory_need`);

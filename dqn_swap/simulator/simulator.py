@@ -445,26 +445,19 @@ def _checked_plan(trace: Trace, plan: Plan, profile: DeviceProfile | None) -> De
     return profile
 
 
-def swap_out_releases(trace: Trace, plan: Plan, profile: DeviceProfile | None = None) -> dict[int, int]:
-    """Per swapped tensor of ``plan`` (scheduled, for ``trace``), the op from which the simulation
-    counts its device bytes as free: the first op to start at or after its copy to the host ended
-    (an op stalled for that copy starts when it ends, so it is that op); ``trace.n_ops`` for a copy
-    that ended after the last op started.
-
-    What a runtime on an asynchronous device follows so that its memory is the plan's: it frees
-    the bytes no later than this op allocates, waiting for the copy where the device is behind
-    (:mod:`dqn_swap.runtime.execution`).  The simulation is the reference engine's, with its
-    timeline, under the plan's limit and profile (or ``profile``).
-    """
-    return swap_out_ops(trace, plan, profile)[1]
-
-
 def swap_out_ops(trace: Trace, plan: Plan,
                  profile: DeviceProfile | None = None) -> tuple[dict[int, int], dict[int, int]]:
-    """Per swapped tensor of ``plan``: the op at whose end the simulation starts its copy to the host
-    (its action's op, or the later op at whose end a holder outside autograd lets it go:
-    ``Analysis.issues``), and the op from which it counts the tensor's bytes free
-    (:func:`swap_out_releases`); one simulation for both."""
+    """Per swapped tensor of ``plan`` (for ``trace``): the op at whose end the simulation starts its copy
+    to the host (its action's op, or the later op at whose end a holder outside autograd lets it go:
+    ``Analysis.issues``), and the op from which it counts the tensor's bytes free: the first op to
+    start at or after its copy ended (an op stalled for that copy starts when it ends, so it is that
+    op), ``trace.n_ops`` for a copy that ended after the last op started.  One simulation for both.
+
+    What a runtime on an asynchronous device follows so that its memory is the plan's: it starts
+    each copy where the simulation does, and frees the bytes no later than the release op
+    allocates, waiting for the copy where the device is behind (:mod:`dqn_swap.runtime.copies_out`).
+    The simulation is the reference engine's, with its timeline, under the plan's limit and profile
+    (or ``profile``)."""
     sim = Simulator(trace, plan.memory_limit, _checked_plan(trace, plan, profile))
     prep = sim.analyse(plan.actions)
     starts = {t: op for op, acted in prep.issues.items() for t, is_swap in acted if is_swap}
