@@ -18,6 +18,7 @@ limits 90/70/50/30% of the way from ``trace.minimum_memory`` to
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import sys
@@ -264,6 +265,8 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
     # --set applies to both runs, so that they are trained by the same recipe (demonstrations included)
     overrides = parse_overrides(args.overrides)
     set_tag = "".join(f"_{k}-{v}" for k, v in sorted(overrides.items()))
+    ft_overrides = parse_overrides(args.ft_overrides)  # the fine-tuning run's alone
+    ft_tag = "".join(f"_{k}-{v}" for k, v in sorted(ft_overrides.items()))
     for spec in args.models:
         model, _, batch = spec.rpartition(":")  # hf:llama:32 -> hf:llama, 32
         trace = get_trace(model, int(batch))
@@ -285,16 +288,19 @@ def bench_transfer(args: argparse.Namespace) -> dict[str, Any]:
             continue
         ft_steps = int(args.steps * args.fraction)
         tag = "" if Path(args.agent).resolve() == DEFAULT_AGENT.resolve() else f"_from_{Path(args.agent).stem}"
-        tag += f"_e{args.start_e}_lr{args.lr_factor}" if (args.start_e, args.lr_factor) != (0.2, 0.3) else ""
-        tag += seed_tag
+        lr_factor = args.lr_factor if args.lr_factor is not None else \
+            inspect.signature(finetune).parameters["lr_factor"].default
+        tag += f"_e{args.start_e}" if args.start_e != 0.2 else ""
+        tag += f"_lr{args.lr_factor}" if args.lr_factor is not None else ""
+        tag += seed_tag + ft_tag
         ft = finetune(args.agent, trace, [pct(f) for f in limits], d / f"{name}_finetune{tag}.pt", total_timesteps=ft_steps,
-                      start_e=args.start_e, lr_factor=args.lr_factor,
-                      config_overrides={**overrides, "seed": args.seed},
+                      start_e=args.start_e, lr_factor=lr_factor,
+                      config_overrides={**overrides, **ft_overrides, "seed": args.seed},
                       profile=PROFILE,
                       log_dir=str(ROOT / "runs"), run_name=f"transfer_{name}_finetune{tag}", overwrite=True,
                       threads=args.threads)
         s_best, f_best = scratch.best["score"], ft.best["score"]
-        out[name] = {"agent": str(args.agent), "seed": args.seed, "settings": overrides, "start_e": args.start_e, "lr_factor": args.lr_factor, "limits": limits,
+        out[name] = {"agent": str(args.agent), "seed": args.seed, "settings": overrides, "finetune_settings": ft_overrides, "start_e": args.start_e, "lr_factor": lr_factor, "limits": limits,
                      "scratch_steps": args.steps, "finetune_steps": ft_steps,
                      "scratch_seconds": scratch.wall_time, "finetune_seconds": ft.wall_time, "scratch_best": s_best,
                      "finetune_best": f_best, "reached": f_best <= s_best * (1 + 1e-9) + 1e-12,
@@ -446,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))
     p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
     p.add_argument("--start-e", type=float, default=0.2, help="fine-tuning's starting epsilon")
-    p.add_argument("--lr-factor", type=float, default=0.3, help="fine-tuning's learning rate over the agent's")
+    p.add_argument("--lr-factor", type=float, default=None,
+                   help="fine-tuning's learning rate over the agent's (default: finetune's own)")
     p.add_argument("--seed", type=int, default=0, help="seed of both runs (the scratch run's file is per seed)")
     p.add_argument("--reuse-scratch", action="store_true",
                    help="take the from-scratch run from runs/transfer/<model>_scratch.pt if it is there")
@@ -454,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only train the from-scratch agents (runs/transfer/<model>_scratch.pt), for --reuse-scratch later")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="a DQNConfig setting for both runs, e.g. demonstrations=best-baseline (repeatable)")
+    p.add_argument("--ft-set", action="append", default=[], metavar="KEY=VALUE", dest="ft_overrides",
+                   help="a DQNConfig setting for the fine-tuning run alone, over finetune's defaults (repeatable)")
     p = sub.add_parser("transfer-plot", help="plot several transfer JSONs (seeds) side by side")
     p.add_argument("runs", nargs="+", help="JSON files written by 'transfer --json'"); p.add_argument("--plot", required=True)
     p = sub.add_parser("transfer-search", help="plan with dqn-search using each agent (e.g. scratch vs fine-tuned)")

@@ -118,6 +118,12 @@ CATALOG: tuple[Entry, ...] = (
     Entry("dqn_train_resnet50*", "Wall time to train an agent on ResNet-50 b64 (20,000 steps)", "train"),
     Entry("dqn_plan_time", "The agent's planning time on ResNet-1001 b64, greedy and cover decoding",
           "plantime"),
+    Entry("dqn_transfer_finetune20_sched_*_s[0-9]", "Fine-tuning as it is now (the learning rate raised over the "
+          "first tenth of the updates and lowered to zero at the end, updates from a twentieth of the steps), "
+          "the three small-to-large pairs against training from scratch, 20 % of the steps, one seed per file",
+          "transfer"),
+    Entry("dqn_transfer_finetune20_const_*_s[0-9]", "The same sources and scratch runs, fine-tuned as before "
+          "(constant rate, updates from step 200)", "transfer"),
     Entry("dqn_transfer_finetune20_s[0-9]", "Fine-tuning the shipped agent for 20 % of the steps against "
           "training from scratch (ResNet-152, Llama-8l), one seed per file", "transfer"),
     Entry("dqn_transfer_finetune20_seeds", "The three seeds' curves as one plot "

@@ -30,6 +30,11 @@ class DQNConfig:
     charged its whole cost when taken; ``"accrued"``: only the stalls before
     the first excess, see :class:`dqn_swap.env.SwapRecomputeEnv`), penalties.
 
+    Learning rate (ours): ``lr_warmup`` raises it linearly from zero over that fraction of the
+    updates, ``lr_decay`` lowers it linearly to zero at the last step
+    (:func:`~.fitting.learning_rate_at`); both off when training from scratch, on when fine-tuning
+    (:func:`~.algorithm.finetune` says why).
+
     Fitted Q-iteration (section 4.10, Algorithm 1) and named improvements:
     ``target_network`` (a frozen copy updated every ``target_update`` steps;
     off: the paper's Eq. 5 with the online weights), ``n_step`` returns
@@ -44,7 +49,9 @@ class DQNConfig:
     training cell into a replay memory kept for the whole run; ``demo_pretrain_steps``
     updates on it alone come first, then ``demo_fraction`` of every mini-batch is drawn
     from it, with the large-margin loss (margin ``demo_margin``, weight ``demo_weight``)
-    on those samples.  ``"none"``: the paper's learner.  ``demo_loss="cross_entropy"``
+    on those samples.  ``"self"`` (ours, for fine-tuning): each cell's first demonstration is the
+    ``dqn-search`` lookahead's episode with the network the run starts from, no baseline planned.
+    ``"none"``: the paper's learner.  ``demo_loss="cross_entropy"``
     (ours) imitates by cross-entropy instead: the softmax of Q over the state's valid
     actions, against the demonstrated one, so that every other action is pushed below it,
     not only the best one by a margin.
@@ -96,6 +103,8 @@ class DQNConfig:
     # learning
     total_timesteps: int = 20_000
     learning_rate: float = 1e-3
+    lr_warmup: float = 0.0
+    lr_decay: bool = False
     buffer_size: int = 50_000
     batch_size: int = 32
     gamma: float = 1.0
@@ -138,8 +147,8 @@ class DQNConfig:
         for field in dataclasses.fields(self):
             _check(field.name, getattr(self, field.name))
         if self.demo_improve != "none" and self.demonstrations == "none":
-            raise ValueError("DQN setting demo_improve needs demonstrations (set demonstrations=best-baseline)")
-        if self.demo_teacher and self.demonstrations == "none":
+            raise ValueError("DQN setting demo_improve needs demonstrations (set demonstrations=best-baseline or self)")
+        if self.demo_teacher and self.demonstrations != "best-baseline":
             raise ValueError("DQN setting demo_teacher needs demonstrations (set demonstrations=best-baseline)")
         if self.demo_dagger and self.demo_improve != "polish":
             raise ValueError("DQN setting demo_dagger needs demo_improve=polish (its teacher)")
@@ -173,13 +182,14 @@ _RULES: dict[str, Any] = {
     "graph": ("candidates", "dataflow", "events"), "recompute_chains": bool, "max_chain": (int, 1, 64),
     "reward": ("whole", "accrued"), "infeasible_penalty": (float, 0, None),
     "invalid_penalty": (float, 0, None), "total_timesteps": (int, 1, 10**9), "learning_rate": (float, 1e-12, 10),
+    "lr_warmup": (float, 0, 1), "lr_decay": bool,
     "buffer_size": (int, 1, 10**8), "batch_size": (int, 1, 65536), "gamma": (float, 0, 1),
     "reward_scale": (float, 1e-12, 1e6), "learning_starts": (int, 0, 10**9), "train_frequency": (int, 1, 10**6),
     "loss": ("mse", "huber"), "max_grad_norm": (float, 0, None), "start_e": (float, 0, 1), "end_e": (float, 0, 1),
     "exploration_fraction": (float, 1e-12, 1), "target_network": bool, "target_update": (int, 1, 10**9),
     "n_step": (int, 1, 1000), "double_q": bool, "prioritized": bool, "per_alpha": (float, 0, 1),
     "per_beta": (float, 0, 1), "mask_target": bool, "eval_every": (int, 1, 10**9), "seed": (int, 0, 2**63 - 1),
-    "demonstrations": ("none", "best-baseline"), "demo_fraction": (float, 0, 1), "demo_margin": (float, 0, None),
+    "demonstrations": ("none", "best-baseline", "self"), "demo_fraction": (float, 0, 1), "demo_margin": (float, 0, None),
     "demo_loss": ("margin", "cross_entropy"),
     "demo_weight": (float, 0, None), "demo_pretrain_steps": (int, 0, 10**9),
     "demo_improve": ("none", "search", "polish"), "search_k": (int, 1, 1000),

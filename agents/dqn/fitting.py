@@ -31,6 +31,21 @@ def linear_schedule(start: float, end: float, duration: float, t: int) -> float:
     return max(slope * t + start, end)
 
 
+def learning_rate_at(config: DQNConfig, step: int) -> float:
+    """The learning rate of the update at ``step``: ``learning_rate``, raised linearly from zero over
+    the first ``lr_warmup`` of the learning steps (those after ``learning_starts``) and, with
+    ``lr_decay``, lowered linearly to zero at the last step.  Both are off by default (the paper's
+    constant rate); :func:`~.algorithm.finetune` turns them on (its docstring says why)."""
+    lr = config.learning_rate
+    learning = max(config.total_timesteps - config.learning_starts, 1)
+    t = step - config.learning_starts
+    if config.lr_warmup > 0:
+        lr *= min(1.0, (t + 1) / (config.lr_warmup * learning))
+    if config.lr_decay:
+        lr *= max(0.0, 1.0 - t / learning)
+    return lr
+
+
 def _as_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 

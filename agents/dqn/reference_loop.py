@@ -20,7 +20,7 @@ from dqn_swap.trace import Trace
 
 from .buffer import NStepAccumulator, ReplayBuffer
 from .config import DQNConfig
-from .fitting import linear_schedule, make_envs, td_update
+from .fitting import learning_rate_at, linear_schedule, make_envs, td_update
 from .policy import GraphBatcher, QNetwork, q_values
 
 
@@ -74,6 +74,8 @@ def train_reference(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | 
         # fit: one mini-batch of Eq. 5 every train_frequency steps
         if step >= config.learning_starts and step % config.train_frequency == 0 and len(rb):
             beta = config.per_beta + (1.0 - config.per_beta) * step / config.total_timesteps
+            for group in optimizer.param_groups:  # constant unless lr_warmup or lr_decay
+                group["lr"] = learning_rate_at(config, step)
             td_update(q_net, target_net, batcher, rb, optimizer, config, beta, None)
         if config.target_network and step % config.target_update == 0:
             target_net.load_state_dict(q_net.state_dict())

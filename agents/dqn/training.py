@@ -40,7 +40,7 @@ from .agent_file import (ENVIRONMENT_FIELDS, AgentFileError, environment_differe
 from .buffer import NStepAccumulator, ReplayBuffer
 from .callbacks import TensorBoardLog, TrainingCallback, progress_callbacks
 from .config import DQNConfig
-from .fitting import evaluate, linear_schedule, make_envs, mismatch, td_update
+from .fitting import evaluate, learning_rate_at, linear_schedule, make_envs, mismatch, td_update
 from .planner import episode_summary, make_env
 from .policy import GraphBatcher, QEnsemble, QNetwork, q_values
 
@@ -180,7 +180,7 @@ class Training:
     def demonstrate(self) -> None:
         """DQfD: the best baseline's replayed plan of every cell, kept for the whole run, and the
         pre-training on them alone (``demonstrations="best-baseline"``; nothing otherwise)."""
-        if self.config.demonstrations != "best-baseline":
+        if self.config.demonstrations == "none":
             return
         self.demos = _Demonstrations(self)
         self.demos.pretrain()
@@ -237,6 +237,9 @@ class Training:
             demo_rb = self.demos.buffer if self.demos is not None else None
             if global_step >= config.learning_starts and global_step % config.train_frequency == 0 and len(self.rb):
                 beta = config.per_beta + (1.0 - config.per_beta) * global_step / config.total_timesteps
+                if config.lr_warmup or config.lr_decay:
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = learning_rate_at(config, global_step)
                 loss, qmean, margin = td_update(self.q_net, self.target_net, self.batcher, self.rb, self.optimizer,
                                                 config, beta, demo_rb)
                 if global_step % 100 == 0:
@@ -299,8 +302,11 @@ class _Demonstrations:
 
         self.run = run
         config = run.config
-        teacher = teacher_planner(config.demo_teacher) if config.demo_teacher else None
-        self.episodes, self.info = demonstrations(run.envs, teacher=teacher)
+        if config.demonstrations == "self":
+            self.episodes, self.info = self._own_search()
+        else:
+            teacher = teacher_planner(config.demo_teacher) if config.demo_teacher else None
+            self.episodes, self.info = demonstrations(run.envs, teacher=teacher)
         self.rank = [(not d.get("replayed_feasible", False), d.get("replayed_overhead", np.inf)) for d in self.info]
         self.buffer = _demo_buffer(self.episodes, run.keys, config, run.rng)
         # each cell's demonstration as the actions its replay took (the plan local search polishes)
@@ -311,6 +317,21 @@ class _Demonstrations:
         for c in run.callbacks:
             c.on_text("demonstrations", "|cell|planner|replayed overhead|steps|\n|-|-|-|-|\n" + "\n".join(
                 f"|{d['env']}|{d['planner']}|{d.get('replayed_overhead')}|{d['steps']}|" for d in self.info))
+
+    def _own_search(self) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+        """``demonstrations="self"``: every cell's first demonstration is the lookahead's episode with
+        the network the run starts from (when fine-tuning, the starting agent's Q: what it knows of
+        these graphs already decides what it is taught first)."""
+        from .planner import search_episode
+
+        run, episodes, info = self.run, [], []
+        for ev_env in run.eval_envs:
+            steps = search_episode(run.q_net, run.batcher, ev_env, run.config.search_k, run.config.reward_scale)
+            res = ev_env.result
+            episodes.append(steps)
+            info.append({"env": ev_env.name, "planner": "dqn-search@0", "steps": len(steps),
+                         "replayed_overhead": float(res.overhead), "replayed_feasible": bool(res.feasible)})
+        return episodes, info
 
     def pretrain(self) -> None:
         """DQfD's pre-training: the demonstrations alone, ``demo_pretrain_steps`` updates."""

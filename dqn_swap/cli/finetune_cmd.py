@@ -15,7 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "finetune", help="fine-tune a trained DQN agent on other networks",
         description="Continue training an agent on other (usually larger) traces: train on small "
                     "graphs, fine-tune on a large one (section 4.4.2 of the DQN paper). The agent's "
-                    "settings are kept, with less exploration (--start-e), a smaller learning rate, "
+                    "settings are kept, with less exploration (--start-e), a smaller learning rate that "
+                    "rises over the first tenth of the updates and falls to zero at the end, "
                     "a short warm-up and an update every step; the starting agent is evaluated first, so the result is "
                     "never worse than it on these traces. From an ensemble file, the mean of its "
                     "agents' Q-values is what is trained, and the result is an ensemble file.",

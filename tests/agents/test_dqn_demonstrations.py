@@ -239,3 +239,27 @@ def test_demo_teacher_is_refused_without_demonstrations_or_as_a_number():
         DQNConfig(demo_teacher="ensemble")
     with pytest.raises(ValueError, match="demo_teacher must be text"):
         DQNConfig(demonstrations="best-baseline", demo_teacher=3)
+
+
+def test_own_search_is_the_first_demonstration_when_fine_tuning(tiny_resnet_trace, tmp_path):
+    """``demonstrations="self"``: each cell's first demonstration is the lookahead's episode with the
+    starting agent's network, planned before any update; no baseline is planned."""
+    from dqn_swap.agents.dqn import finetune
+    from dqn_swap.agents.dqn.planner import search_episode
+    from dqn_swap.agents.dqn.policy import GraphBatcher
+
+    start = {k: v for k, v in TINY_RUN.items() if k != "demonstrations"}
+    train(tiny_resnet_trace, LIMIT, tmp_path / "a.pt", DQNConfig(**{**start, "total_timesteps": 150}), log_dir=None,
+          progress=False)
+    net, cfg, _ = load_agent(tmp_path / "a.pt")
+    limits = ["50%", "40%"]
+    finetune(tmp_path / "a.pt", tiny_resnet_trace, limits, tmp_path / "b.pt", total_timesteps=60, log_dir=None,
+             progress=False, config_overrides={"demonstrations": "self"})
+    demos = load_agent(tmp_path / "b.pt")[2]["training"]["demonstrations"]
+    assert [d["planner"] for d in demos] == ["dqn-search@0"] * 2
+    for limit, d in zip(limits, demos):
+        env = make_env(tiny_resnet_trace, limit, None, cfg)
+        steps = search_episode(net, GraphBatcher(), env, cfg.search_k, cfg.reward_scale)
+        assert d["steps"] == len(steps) and d["replayed_overhead"] == pytest.approx(env.result.overhead, abs=1e-12)
+    with pytest.raises(ValueError, match="demo_teacher needs demonstrations"):
+        DQNConfig(demonstrations="self", demo_teacher="ensemble")

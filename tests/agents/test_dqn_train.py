@@ -96,6 +96,8 @@ def test_finetune_starts_from_checkpoint(tiny_resnet_trace, trained, tmp_path):
                    progress=False)
     _, cfg, obj = load_agent(res.path)
     assert obj["training"]["init_from"] == str(path) and cfg.start_e == 0.2
+    # a warm-up of a twentieth of the steps (at least a mini-batch), the rate raised then lowered
+    assert cfg.learning_starts == cfg.batch_size and cfg.lr_warmup == 0.1 and cfg.lr_decay
     assert obj["trace_fingerprints"] == [bigger.fingerprint]
     assert any(p.name.startswith("ft") for p in (tmp_path / "runs").iterdir())
 
@@ -249,14 +251,16 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tiny_re
     assert out.exists() and not (tmp_path / ".a.pt.lock").exists()
 
 
-def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_trace, tmp_path) -> None:
+@pytest.mark.parametrize("schedule", [{}, {"lr_warmup": 0.25, "lr_decay": True}], ids=["constant", "warmup-decay"])
+def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_trace, tmp_path, schedule) -> None:
     """The reference loop (Algorithm 1 on one page, CleanRL's way) and the run's phases take the same
     steps: their networks, targets and optimiser states are equal bit for bit at the end (after 45
-    updates), the run's evaluations and resume files in between changing nothing."""
+    updates), the run's evaluations and resume files in between changing nothing; with the
+    fine-tuning's learning-rate schedule too."""
     from dqn_swap.agents.dqn.reference_loop import train_reference
     from dqn_swap.agents.dqn.training import Training
 
-    config = TINY.replace(total_timesteps=120, eval_every=60, learning_starts=30, seed=7)
+    config = TINY.replace(total_timesteps=120, eval_every=60, learning_starts=30, seed=7, **schedule)
     run = Training(tiny_resnet_trace, [LIMIT, "60%"], tmp_path / "a.pt", config, profile=None, init_from=None,
                    reference=None, command=None)
     run.setup()
@@ -270,3 +274,19 @@ def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_tr
     assert full["param_groups"] == one_page["param_groups"] and full["state"].keys() == one_page["state"].keys()
     assert all(torch.equal(a[k], one_page["state"][i][k]) for i, a in full["state"].items() for k in a)
     assert [e["step"] for e in run.evaluations] == [60, 120]
+
+
+def test_learning_rate_schedule_by_hand() -> None:
+    """``lr_warmup`` raises the rate linearly over its fraction of the steps after ``learning_starts``,
+    ``lr_decay`` lowers it linearly to zero at the last step; neither: the constant rate."""
+    from dqn_swap.agents.dqn.fitting import learning_rate_at
+
+    c = DQNConfig(total_timesteps=1_100, learning_starts=100, learning_rate=1e-3)
+    assert [learning_rate_at(c, s) for s in (100, 600, 1_099)] == [1e-3] * 3
+    w = c.replace(lr_warmup=0.1)  # 100 of the 1,000 learning steps
+    assert learning_rate_at(w, 100) == pytest.approx(1e-5) and learning_rate_at(w, 149) == pytest.approx(5e-4)
+    assert learning_rate_at(w, 199) == pytest.approx(1e-3) and learning_rate_at(w, 800) == pytest.approx(1e-3)
+    d = c.replace(lr_warmup=0.1, lr_decay=True)
+    assert learning_rate_at(d, 149) == pytest.approx(5e-4 * 0.951)
+    assert learning_rate_at(d, 600) == pytest.approx(5e-4) and learning_rate_at(d, 1_100) == 0.0
+
