@@ -178,8 +178,9 @@ class Training:
             self.evaluate_and_keep(0, "start")
 
     def demonstrate(self) -> None:
-        """DQfD: the best baseline's replayed plan of every cell, kept for the whole run, and the
-        pre-training on them alone (``demonstrations="best-baseline"``; nothing otherwise)."""
+        """DQfD: the best baseline's replayed plan of every cell (``demonstrations="best-baseline"``) or
+        the starting network's lookahead episode (``"self"``), kept for the whole run, and the
+        pre-training on them alone; nothing with ``"none"``."""
         if self.config.demonstrations == "none":
             return
         self.demos = _Demonstrations(self)
@@ -321,7 +322,8 @@ class _Demonstrations:
     def _own_search(self) -> tuple[list[list[Any]], list[dict[str, Any]]]:
         """``demonstrations="self"``: every cell's first demonstration is the lookahead's episode with
         the network the run starts from (when fine-tuning, the starting agent's Q: what it knows of
-        these graphs already decides what it is taught first)."""
+        these graphs already decides what it is taught first).  A resumed run searches with the
+        network it resumes, as its demonstrations improved by search are not kept either."""
         from .planner import search_episode
 
         run, episodes, info = self.run, [], []
