@@ -238,9 +238,8 @@ class Training:
             demo_rb = self.demos.buffer if self.demos is not None else None
             if global_step >= config.learning_starts and global_step % config.train_frequency == 0 and len(self.rb):
                 beta = config.per_beta + (1.0 - config.per_beta) * global_step / config.total_timesteps
-                if config.lr_warmup or config.lr_decay:
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = learning_rate_at(config, global_step)
+                for group in self.optimizer.param_groups:  # constant unless lr_warmup or lr_decay
+                    group["lr"] = learning_rate_at(config, global_step)
                 loss, qmean, margin = td_update(self.q_net, self.target_net, self.batcher, self.rb, self.optimizer,
                                                 config, beta, demo_rb)
                 if global_step % 100 == 0:
@@ -324,16 +323,22 @@ class _Demonstrations:
         the network the run starts from (when fine-tuning, the starting agent's Q: what it knows of
         these graphs already decides what it is taught first).  A resumed run searches with the
         network it resumes, as its demonstrations improved by search are not kept either."""
-        from .planner import search_episode
-
-        run, episodes, info = self.run, [], []
-        for ev_env in run.eval_envs:
-            steps = search_episode(run.q_net, run.batcher, ev_env, run.config.search_k, run.config.reward_scale)
-            res = ev_env.result
+        episodes, info = [], []
+        for ev_env in self.run.eval_envs:
+            steps, rank = self._search(ev_env)
             episodes.append(steps)
             info.append({"env": ev_env.name, "planner": "dqn-search@0", "steps": len(steps),
-                         "replayed_overhead": float(res.overhead), "replayed_feasible": bool(res.feasible)})
+                         "replayed_overhead": rank[1], "replayed_feasible": not rank[0]})
         return episodes, info
+
+    def _search(self, ev_env: SwapRecomputeEnv) -> tuple[list[Any], tuple[bool, float]]:
+        """The lookahead's episode on ``ev_env`` with the current Q, and its rank (infeasible, overhead)."""
+        from .planner import search_episode
+
+        run = self.run
+        steps = search_episode(run.q_net, run.batcher, ev_env, run.config.search_k, run.config.reward_scale)
+        res = ev_env.result
+        return steps, (not res.feasible, float(res.overhead))
 
     def pretrain(self) -> None:
         """DQfD's pre-training: the demonstrations alone, ``demo_pretrain_steps`` updates."""
@@ -359,16 +364,13 @@ class _Demonstrations:
         if config.demo_improve == "none":
             return
         from .demonstrations import polished_episode
-        from .planner import search_episode
 
         improved = 0
         for i, ev_env in enumerate(run.eval_envs):
             found: list[tuple[list[Any], tuple[bool, float], tuple[Any, ...] | None, str]] = []
             if search:
-                steps = search_episode(run.q_net, run.batcher, ev_env, config.search_k, config.reward_scale)
-                res = ev_env.result
-                found.append((steps, (not res.feasible, float(res.overhead)), tuple(ev_env.actions),
-                              f"dqn-search@{step}"))
+                steps, rank = self._search(ev_env)
+                found.append((steps, rank, tuple(ev_env.actions), f"dqn-search@{step}"))
             if config.demo_improve == "polish":
                 teachers = [(self.actions[i], f"{str(self.info[i].get('planner')).split(' ')[0]} polished@{step}")]
                 if found and not found[0][1][0]:
