@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=["resnet152:32", "resnet1001:64"])
     p.add_argument("--steps", type=int, default=10000); p.add_argument("--fraction", type=float, default=0.3)
     p.add_argument("--limits", nargs="+", type=float, default=list(LIMITS))
-    p.add_argument("--plot", default=str(ROOT / "checkpoints" / "transfer.png"))
+    p.add_argument("--plot", help="PNG of both runs' evaluation curves (default: none)")
     p.add_argument("--start-e", type=float, default=0.2, help="fine-tuning's starting epsilon")
     p.add_argument("--lr-factor", type=float, default=None,
                    help="fine-tuning's learning rate over the agent's (default: finetune's own)")

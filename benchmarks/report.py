@@ -122,6 +122,9 @@ CATALOG: tuple[Entry, ...] = (
           "first tenth of the updates and lowered to zero at the end, updates from a twentieth of the steps), "
           "the three small-to-large pairs against training from scratch, 20 % of the steps, one seed per file",
           "transfer"),
+    Entry("dqn_transfer_finetune20_interleave_*_s[0-9]", "The same sources and scratch runs, fine-tuned with "
+          "every cell's episode in progress and the steps taken in the cells in turn (an option measured "
+          "and removed: worse in five of seven runs)", "transfer"),
     Entry("dqn_transfer_finetune20_const_*_s[0-9]", "The same sources and scratch runs, fine-tuned as before "
           "(constant rate, updates from step 200)", "transfer"),
     Entry("dqn_transfer_finetune20_s[0-9]", "Fine-tuning the shipped agent for 20 % of the steps against "
