@@ -209,7 +209,7 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
              memory_limits: LimitSpec | Sequence[LimitSpec], out_path: str | os.PathLike[str], *,
              total_timesteps: int | None = None, start_e: float = 0.2, learning_starts: int | None = None,
              lr_factor: float = 0.3, train_frequency: int = 1, lr_warmup: float = 0.1, lr_decay: bool = True,
-             interleave: bool = True, **kwargs: Any) -> TrainResult:
+             **kwargs: Any) -> TrainResult:
     """Continue training ``agent_file`` on ``traces`` (section 4.4.2: train on a small
     graph, fine-tune on a large one).
 
@@ -261,7 +261,7 @@ def finetune(agent_file: str | os.PathLike[str], traces: Trace | Sequence[Trace]
     config = config.replace(start_e=start_e, learning_starts=learning_starts, exploration_fraction=0.3,
                             learning_rate=config.learning_rate * lr_factor, total_timesteps=steps,
                             eval_every=eval_cadence(steps), train_frequency=train_frequency,
-                            lr_warmup=lr_warmup, lr_decay=lr_decay, interleave=interleave)
+                            lr_warmup=lr_warmup, lr_decay=lr_decay)
     overrides = kwargs.pop("config_overrides", None) or {}
     if overrides:
         config = config.replace(**overrides)

@@ -33,9 +33,7 @@ class DQNConfig:
     Learning rate (ours): ``lr_warmup`` raises it linearly from zero over that fraction of the
     updates, ``lr_decay`` lowers it linearly to zero at the last step
     (:func:`~.fitting.learning_rate_at`); both off when training from scratch, on when fine-tuning
-    (:func:`~.algorithm.finetune` says why).  ``interleave`` (ours): every cell has an episode in
-    progress and the steps go to the cells in turn, instead of one episode at a time
-    (:class:`~.fitting.Episodes`); off when training from scratch, on when fine-tuning.
+    (:func:`~.algorithm.finetune` says why).
 
     Fitted Q-iteration (section 4.10, Algorithm 1) and named improvements:
     ``target_network`` (a frozen copy updated every ``target_update`` steps;
@@ -107,7 +105,6 @@ class DQNConfig:
     learning_rate: float = 1e-3
     lr_warmup: float = 0.0
     lr_decay: bool = False
-    interleave: bool = False
     buffer_size: int = 50_000
     batch_size: int = 32
     gamma: float = 1.0
@@ -185,7 +182,7 @@ _RULES: dict[str, Any] = {
     "graph": ("candidates", "dataflow", "events"), "recompute_chains": bool, "max_chain": (int, 1, 64),
     "reward": ("whole", "accrued"), "infeasible_penalty": (float, 0, None),
     "invalid_penalty": (float, 0, None), "total_timesteps": (int, 1, 10**9), "learning_rate": (float, 1e-12, 10),
-    "lr_warmup": (float, 0, 1), "lr_decay": bool, "interleave": bool,
+    "lr_warmup": (float, 0, 1), "lr_decay": bool,
     "buffer_size": (int, 1, 10**8), "batch_size": (int, 1, 65536), "gamma": (float, 0, 1),
     "reward_scale": (float, 1e-12, 1e6), "learning_starts": (int, 0, 10**9), "train_frequency": (int, 1, 10**6),
     "loss": ("mse", "huber"), "max_grad_norm": (float, 0, None), "start_e": (float, 0, 1), "end_e": (float, 0, 1),

@@ -18,10 +18,10 @@ from dqn_swap.trace import Trace
 from dqn_swap.limits import LimitSpec, MemoryLimit
 from dqn_swap.env.swap_recompute import SwapRecomputeEnv
 
-from .buffer import NStepAccumulator, ReplayBuffer, Transition
+from .buffer import ReplayBuffer
 from .agent_file import (ENVIRONMENT_FIELDS, environment_difference)
 from .config import DQNConfig
-from .planner import episode_summary, greedy_episode, make_env
+from .planner import greedy_episode, make_env
 from .policy import GraphBatcher, QEnsemble, QNetwork, masked_argmax, q_values
 from torch_geometric.utils import scatter
 
@@ -44,67 +44,6 @@ def learning_rate_at(config: DQNConfig, step: int) -> float:
     if config.lr_decay:
         lr *= max(0.0, 1.0 - t / learning)
     return lr
-
-
-class Episodes:
-    """The episodes a run explores, and the n-step transitions they yield (both loops use it).
-
-    As the paper and CleanRL run one environment: one episode at a time, the episodes cycling
-    through the cells (trace and limit) in a random order.  With ``config.interleave`` (ours, for
-    fine-tuning): every cell has an episode in progress and the steps go to the cells in turn, as
-    CleanRL's vectorised environments would, one step each.  A run of a few hundred steps on a
-    large graph then holds every cell's states from its first updates, where one cell at a time
-    holds one limit's episode of 150-360 steps (an 8 -> 32-layer Llama) and fits the network to
-    it alone; :func:`~.algorithm.finetune` gives the figures.
-    """
-
-    def __init__(self, envs: Sequence[SwapRecomputeEnv], keys: Sequence[int], rng: np.random.Generator,
-                 config: DQNConfig) -> None:
-        self.envs, self.keys, self.rng = envs, keys, rng
-        self.interleave, self.reward_scale = config.interleave, config.reward_scale
-        self.order = [int(i) for i in rng.permutation(len(envs))]
-        self.nstep = [NStepAccumulator(config.n_step, config.gamma) for _ in envs]
-        self.returns, self.lengths = [0.0] * len(envs), [0] * len(envs)
-        self.states: list[Any] = [None] * len(envs)
-        self.episode = 0
-        self.live = list(self.order) if self.interleave else self.order[:1]
-        self.turn = 0
-        for i in self.live:
-            self._reset(i)
-
-    def _reset(self, i: int) -> None:
-        self.envs[i].reset(seed=int(self.rng.integers(2**31)))
-        self.states[i] = self.envs[i].state()
-        self.nstep[i].clear()
-        self.returns[i], self.lengths[i] = 0.0, 0
-
-    def current(self) -> tuple[int, Any]:
-        """The graph key and state the next action is taken in."""
-        i = self.live[self.turn]
-        return self.keys[i], self.states[i]
-
-    def step(self, action: int) -> tuple[list[Transition], dict[str, Any] | None]:
-        """Take ``action`` in the current cell; the n-step transitions it completes, and the
-        finished episode's summary (:func:`~.planner.episode_summary`) where it ended one."""
-        i = self.live[self.turn]
-        env, key = self.envs[i], self.keys[i]
-        _, reward, terminated, truncated, _ = env.step(action)
-        next_state = env.state()
-        out = self.nstep[i].push(key, self.states[i], action, reward * self.reward_scale, key, next_state,
-                                 terminated, truncated)
-        self.states[i] = next_state
-        self.returns[i] += reward
-        self.lengths[i] += 1
-        finished = None
-        if terminated or truncated:
-            finished = episode_summary(env, self.returns[i], self.lengths[i])
-            self.episode += 1
-            if not self.interleave:
-                self.live = [self.order[self.episode % len(self.envs)]]
-            self._reset(self.live[self.turn])
-        if self.interleave:
-            self.turn = (self.turn + 1) % len(self.live)
-        return out, finished
 
 
 def _as_list(x: Any) -> list:

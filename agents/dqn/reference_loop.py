@@ -18,9 +18,9 @@ import torch
 from dqn_swap.limits import LimitSpec
 from dqn_swap.trace import Trace
 
-from .buffer import ReplayBuffer
+from .buffer import NStepAccumulator, ReplayBuffer
 from .config import DQNConfig
-from .fitting import Episodes, learning_rate_at, linear_schedule, make_envs, td_update
+from .fitting import learning_rate_at, linear_schedule, make_envs, td_update
 from .policy import GraphBatcher, QNetwork, q_values
 
 
@@ -38,13 +38,18 @@ def train_reference(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | 
     target_net = copy.deepcopy(q_net)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=config.learning_rate)
     rb = ReplayBuffer(config.buffer_size, rng, config.prioritized, config.per_alpha)
+    nstep = NStepAccumulator(config.n_step, config.gamma)
 
-    # episodes: one at a time, cycling through the cells in a random order (Episodes: or interleaved)
-    episodes = Episodes(envs, keys, rng, config)
+    # episodes cycle through the cells in a random order
+    order = rng.permutation(len(envs))
+    episode = 0
+    i = int(order[0])
+    envs[i].reset(seed=int(rng.integers(2**31)))
+    env, key = envs[i], keys[i]
+    state = env.state()
     duration = config.exploration_fraction * config.total_timesteps
     for step in range(config.total_timesteps):
         # act: epsilon-greedy over the valid actions
-        key, state = episodes.current()
         epsilon = linear_schedule(config.start_e, config.end_e, duration, step)
         valid = np.flatnonzero(state.valid)
         if rng.random() < epsilon:
@@ -53,9 +58,19 @@ def train_reference(traces: Trace | Sequence[Trace], memory_limits: LimitSpec | 
             with torch.no_grad():
                 q, _, _ = q_values(q_net, batcher, [(key, state)])
             action = int(valid[np.argmax(q.numpy()[valid])])
-        # store: the n-step transitions (Eq. 4) the step completes
-        for tr in episodes.step(action)[0]:
+        _, reward, terminated, truncated, _ = env.step(action)
+        next_state = env.state()
+        # store: n-step transitions (Eq. 4)
+        for tr in nstep.push(key, state, action, reward * config.reward_scale, key, next_state, terminated, truncated):
             rb.add(tr)
+        state = next_state
+        if terminated or truncated:
+            episode += 1
+            i = int(order[episode % len(envs)])
+            envs[i].reset(seed=int(rng.integers(2**31)))
+            env, key = envs[i], keys[i]
+            state = env.state()
+            nstep.clear()
         # fit: one mini-batch of Eq. 5 every train_frequency steps
         if step >= config.learning_starts and step % config.train_frequency == 0 and len(rb):
             beta = config.per_beta + (1.0 - config.per_beta) * step / config.total_timesteps

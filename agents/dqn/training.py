@@ -40,8 +40,8 @@ from .agent_file import (ENVIRONMENT_FIELDS, AgentFileError, environment_differe
 from .buffer import NStepAccumulator, ReplayBuffer
 from .callbacks import TensorBoardLog, TrainingCallback, progress_callbacks
 from .config import DQNConfig
-from .fitting import Episodes, evaluate, learning_rate_at, linear_schedule, make_envs, mismatch, td_update
-from .planner import make_env
+from .fitting import evaluate, learning_rate_at, linear_schedule, make_envs, mismatch, td_update
+from .planner import episode_summary, make_env
 from .policy import GraphBatcher, QEnsemble, QNetwork, q_values
 
 
@@ -96,6 +96,7 @@ class Training:
         self.target_net = copy.deepcopy(self.q_net)
         self.optimizer = torch.optim.Adam(self.q_net.parameters(), lr=config.learning_rate)
         self.rb = ReplayBuffer(config.buffer_size, self.rng, config.prioritized, config.per_alpha)
+        self.nstep = NStepAccumulator(config.n_step, config.gamma)
         self.start_step, self.evaluations, self.best = 0, [], {"score": np.inf}
         self.best_state = copy.deepcopy(self.q_net.state_dict())
         self.rpath = resume_path(self.out_path)
@@ -188,16 +189,24 @@ class Training:
     def learn(self) -> None:
         """Algorithm 1: explore epsilon-greedily, store n-step transitions, fit the Q-network on
         mini-batches, refresh the target, evaluate every ``eval_every`` steps."""
-        config, rng = self.config, self.rng
-        episodes = Episodes(self.envs, self.keys, rng, config)
-        sps_t, sps_step = time.perf_counter(), self.start_step
+        config, rng, envs = self.config, self.rng, self.envs
+        order = rng.permutation(len(envs))
+        episode = 0
+
+        def start_episode() -> tuple[SwapRecomputeEnv, int]:
+            i = int(order[episode % len(envs)])
+            envs[i].reset(seed=int(rng.integers(2**31)))
+            return envs[i], self.keys[i]
+
+        env, key = start_episode()
+        state = env.state()
+        ep_return, ep_len, sps_t, sps_step = 0.0, 0, time.perf_counter(), self.start_step
         duration = config.exploration_fraction * config.total_timesteps
         demo_rb = None
         for global_step in range(self.start_step, config.total_timesteps):
             # A signal whose exception was lost stops the run here, at its next step, not at its next
             # evaluation (dqn_swap.stop): one under a loaded test suite ran on 60 s after SIGTERM.
             check_stop()
-            key, state = episodes.current()
             epsilon = linear_schedule(config.start_e, config.end_e, duration, global_step)
             valid_idx = np.flatnonzero(state.valid)
             if rng.random() < epsilon:
@@ -207,13 +216,24 @@ class Training:
                     q, _, _ = q_values(self.q_net, self.batcher, [(key, state)])
                 qv = q.numpy()
                 action = int(valid_idx[np.argmax(qv[valid_idx])])
-            transitions, finished = episodes.step(action)
-            for tr in transitions:
+            _, reward, terminated, truncated, _ = env.step(action)
+            next_state = env.state()
+            for tr in self.nstep.push(key, state, action, reward * config.reward_scale, key, next_state,
+                                      terminated, truncated):
                 self.rb.add(tr)
-            if finished is not None:
-                self.log("charts/episodic_return", finished["return"], global_step)
-                self.log("charts/episodic_length", finished["steps"], global_step)
-                self.log("charts/episodic_overhead", finished["overhead"], global_step)
+            ep_return += reward
+            ep_len += 1
+            state = next_state
+            if terminated or truncated:
+                summary = episode_summary(env, ep_return, ep_len)
+                self.log("charts/episodic_return", ep_return, global_step)
+                self.log("charts/episodic_length", ep_len, global_step)
+                self.log("charts/episodic_overhead", summary["overhead"], global_step)
+                episode += 1
+                env, key = start_episode()
+                state = env.state()
+                ep_return, ep_len = 0.0, 0
+                self.nstep.clear()
 
             demo_rb = self.demos.buffer if self.demos is not None else None
             if global_step >= config.learning_starts and global_step % config.train_frequency == 0 and len(self.rb):

@@ -97,7 +97,7 @@ def test_finetune_starts_from_checkpoint(tiny_resnet_trace, trained, tmp_path):
     _, cfg, obj = load_agent(res.path)
     assert obj["training"]["init_from"] == str(path) and cfg.start_e == 0.2
     # a warm-up of a twentieth of the steps (at least a mini-batch), the rate raised then lowered
-    assert cfg.learning_starts == cfg.batch_size and cfg.lr_warmup == 0.1 and cfg.lr_decay and cfg.interleave
+    assert cfg.learning_starts == cfg.batch_size and cfg.lr_warmup == 0.1 and cfg.lr_decay
     assert obj["trace_fingerprints"] == [bigger.fingerprint]
     assert any(p.name.startswith("ft") for p in (tmp_path / "runs").iterdir())
 
@@ -251,13 +251,12 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tiny_re
     assert out.exists() and not (tmp_path / ".a.pt.lock").exists()
 
 
-@pytest.mark.parametrize("schedule", [{}, {"lr_warmup": 0.25, "lr_decay": True, "interleave": True}],
-                         ids=["scratch", "finetuning"])
+@pytest.mark.parametrize("schedule", [{}, {"lr_warmup": 0.25, "lr_decay": True}], ids=["constant", "warmup-decay"])
 def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_trace, tmp_path, schedule) -> None:
     """The reference loop (Algorithm 1 on one page, CleanRL's way) and the run's phases take the same
     steps: their networks, targets and optimiser states are equal bit for bit at the end (after 45
     updates), the run's evaluations and resume files in between changing nothing; with the
-    fine-tuning's learning-rate schedule and interleaved episodes too."""
+    fine-tuning's learning-rate schedule too."""
     from dqn_swap.agents.dqn.reference_loop import train_reference
     from dqn_swap.agents.dqn.training import Training
 
@@ -275,36 +274,6 @@ def test_the_one_page_loop_trains_the_network_the_full_run_trains(tiny_resnet_tr
     assert full["param_groups"] == one_page["param_groups"] and full["state"].keys() == one_page["state"].keys()
     assert all(torch.equal(a[k], one_page["state"][i][k]) for i, a in full["state"].items() for k in a)
     assert [e["step"] for e in run.evaluations] == [60, 120]
-
-
-@pytest.mark.parametrize("interleave", [False, True])
-def test_episodes_visit_the_cells_in_turn_or_one_at_a_time(tiny_resnet_trace, interleave) -> None:
-    """One episode at a time keeps a cell until its episode ends, then the next in the random order;
-    interleaved, the steps go to the cells in turn, each episode resuming where it stopped."""
-    from dqn_swap.agents.dqn.fitting import Episodes, make_envs
-    from dqn_swap.agents.dqn.policy import GraphBatcher
-
-    config = TINY.replace(interleave=interleave)
-    envs = make_envs(tiny_resnet_trace, [LIMIT, "60%", "45%"], None, config)
-    batcher = GraphBatcher()
-    keys = [batcher.register(e.graph) for e in envs]
-    episodes = Episodes(envs, keys, np.random.default_rng(3), config)
-    cells, ends, lengths = [], [], {}
-    rng = np.random.default_rng(4)
-    while len(ends) < 4:
-        key, state = episodes.current()
-        cells.append(episodes.live[episodes.turn])
-        assert key == keys[cells[-1]]
-        _, finished = episodes.step(int(rng.choice(np.flatnonzero(state.valid))))
-        lengths[cells[-1]] = lengths.get(cells[-1], 0) + 1
-        if finished is not None:  # the summary of the episode that cell just ended
-            assert finished["steps"] == lengths.pop(cells[-1])
-            ends.append(cells[-1])
-    runs = [c for i, c in enumerate(cells) if i == 0 or c != cells[i - 1]]
-    if interleave:
-        assert runs == cells and cells[:6] == episodes.order * 2
-    else:
-        assert runs == ends == [episodes.order[i % 3] for i in range(4)]
 
 
 def test_learning_rate_schedule_by_hand() -> None:
