@@ -23,8 +23,9 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 log=$(mktemp "${TMPDIR:-/tmp}/dqn-swap-tests.XXXXXX")
 # The in-process tests of these files run in the second half too, after the tests that start
 # processes: alone, the in-process half took 474 s where the other took 241 s, its second core idle
-# for the last four minutes.
-beside=(tests/runtime/test_runtime.py tests/runtime/test_runtime_memory.py)
+# for the last four minutes. The demonstrations' tests joined them when the in-process half took
+# 430 s and the other 358 s.
+beside=(tests/runtime/test_runtime.py tests/runtime/test_runtime_memory.py tests/agents/test_dqn_demonstrations.py)
 second_half() {
   local s=0
   "$PY" -m pytest -q -p no:cacheprovider --durations=5 -m "subprocess and not slow" || s=$?
